@@ -1,0 +1,79 @@
+// The core's public entry points: the only functions the TensorFlow op
+// library and the pybind11 module call.
+//
+// Why a narrow C++ API: the core owns one process-wide state (the background
+// thread, the queue, the transport). Both native front ends link the same
+// libtfring_core.so, so whichever loads first creates the state and the other
+// sees it. Nothing here mentions TensorFlow or Python.
+#ifndef TFRING_CC_API_H_
+#define TFRING_CC_API_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/status.h"
+
+namespace tfring {
+
+// Called exactly once per enqueued tensor, from the background thread, after
+// the output is written (or with the error that prevented it).
+using DoneCallback = std::function<void(const Status&)>;
+
+// Allgather only: called from the background thread once the full output
+// shape is known (first dimension summed over ranks). Must return writable
+// memory for NumElements(shape) elements in *data.
+using OutputAllocator =
+    std::function<Status(const std::vector<int64_t>& shape, void** data)>;
+
+struct TensorBuffers {
+  const void* input = nullptr;
+  // Allreduce and broadcast: preallocated, same shape as the input. May equal
+  // `input` (in place). Allgather: leave null and set `allocate_output`.
+  void* output = nullptr;
+  OutputAllocator allocate_output;
+};
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+};
+
+// Starts the background thread over a duplicate of the MPI communicator whose
+// Fortran handle is `mpi_comm_fortran` (mpi4py's comm.py2f()). MPI must
+// already be initialised (tfring.init() imports mpi4py, which does it).
+// Calling it again while initialised is a no-op returning OK.
+TFRING_EXPORT Status InitializeMpi(int64_t mpi_comm_fortran);
+
+// Coordinated shutdown: the flag rides the next negotiation round so every
+// rank stops together; pending operations fail with an Aborted status.
+// Blocks until the background thread has exited. Safe to call twice.
+TFRING_EXPORT Status Shutdown();
+
+TFRING_EXPORT bool IsInitialized();
+
+// Valid only while initialised.
+TFRING_EXPORT Topology GetTopology();
+
+// Whether the MPI library provides MPI_THREAD_MULTIPLE.
+TFRING_EXPORT bool MpiThreadsSupported();
+
+// Hands one tensor to the background thread. Returns an error immediately
+// (and does not call `done`) if the core is not running or the name is
+// already in flight; otherwise `done` is called exactly once later.
+TFRING_EXPORT Status Enqueue(Request request, TensorBuffers buffers,
+                             DoneCallback done);
+
+// Address of the process-wide state, for tests that check the op library and
+// the pybind11 module share one core.
+TFRING_EXPORT const void* CoreStateAddress();
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_API_H_

@@ -1,0 +1,77 @@
+#include "cc/background_loop.h"
+
+#include <chrono>
+
+#include "cc/logging.h"
+
+namespace tfring {
+
+BackgroundLoop::BackgroundLoop(Transport* transport, TensorQueue* queue, const Config& config)
+    : transport_(transport),
+      queue_(queue),
+      config_(config),
+      controller_(transport, config),
+      executor_(transport, config) {}
+
+BackgroundLoop::~BackgroundLoop() {
+  if (thread_.joinable()) {
+    RequestShutdown();
+    thread_.join();
+  }
+}
+
+void BackgroundLoop::Start() {
+  running_ = true;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void BackgroundLoop::RequestShutdown() {
+  shutdown_requested_ = true;
+  queue_->Wake();
+}
+
+Status BackgroundLoop::Join() {
+  if (thread_.joinable()) thread_.join();
+  return exit_status_;
+}
+
+void BackgroundLoop::Run() {
+  using Clock = std::chrono::steady_clock;
+  const auto cycle = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  Clock::time_point next_round = Clock::now();
+  Status stop_reason;
+  while (true) {
+    // New work wakes the thread at once; otherwise rounds run every cycle so
+    // this rank answers the rounds other ranks start.
+    queue_->WaitForWork(next_round);
+    next_round = Clock::now() + cycle;
+
+    RoundOutcome outcome;
+    Status status =
+        controller_.RunRound(queue_->TakeNewRequests(), shutdown_requested_.load(), &outcome);
+    if (!status.ok()) {
+      stop_reason = Status::Aborted("tfring stopped: communication with the other ranks failed (" +
+                                    status.message() + ")");
+      break;
+    }
+    status = executor_.Execute(outcome.responses, queue_);
+    if (!status.ok()) {
+      stop_reason = Status::Aborted("tfring stopped: a collective failed (" + status.message() +
+                                    ")");
+      break;
+    }
+    if (outcome.shutdown) {
+      stop_reason = Status::Aborted("tfring was shut down: " + outcome.shutdown_reason +
+                                    ". Collectives still pending were cancelled; call "
+                                    "tfring.init() on every rank to start again.");
+      break;
+    }
+  }
+  if (!shutdown_requested_.load()) TFRING_LOG(kWarning, stop_reason.message());
+  exit_status_ = stop_reason;
+  for (TensorEntry& entry : queue_->Close(stop_reason)) entry.done(stop_reason);
+  running_ = false;
+}
+
+}  // namespace tfring

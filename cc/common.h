@@ -1,0 +1,80 @@
+// Vocabulary shared by every layer: data types, reduction ops, collective
+// kinds, and the description of one tensor handed to the core.
+//
+// Why one file: these enums cross the C++/Python boundary through pybind11
+// (tfring._core), so Python never keeps a hand-copied list of their values.
+// ReduceOp values match horovod.tensorflow's constants so scripts that pass
+// them around as integers keep working.
+#ifndef TFRING_CC_COMMON_H_
+#define TFRING_CC_COMMON_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// Marks the symbols libtfring_core.so exports (it is built with
+// -fvisibility=hidden): the API plus the helpers the front ends use.
+#define TFRING_EXPORT __attribute__((visibility("default")))
+
+namespace tfring {
+
+enum class DataType : int32_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kUInt16 = 2,
+  kInt16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kFloat16 = 6,
+  kBFloat16 = 7,
+  kFloat32 = 8,
+  kFloat64 = 9,
+  kBool = 10,
+};
+
+enum class ReduceOp : int32_t {
+  kAverage = 0,
+  kSum = 1,
+  kAdasum = 2,  // Reserved for Horovod compatibility; not implemented.
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
+};
+
+enum class CollectiveType : int32_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+};
+
+// Bytes per element of `dtype`.
+TFRING_EXPORT int64_t DataTypeSize(DataType dtype);
+// "float32", "int64", ... as users know them from TensorFlow.
+TFRING_EXPORT const char* DataTypeName(DataType dtype);
+// "Sum", "Average", ...
+TFRING_EXPORT const char* ReduceOpName(ReduceOp op);
+// "allreduce", "allgather", "broadcast".
+TFRING_EXPORT const char* CollectiveTypeName(CollectiveType type);
+// Whether a reduction of `dtype` is supported by the core (allreduce).
+TFRING_EXPORT bool IsReducible(DataType dtype);
+// "[2, 3]" for printing shapes in error messages.
+TFRING_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
+TFRING_EXPORT int64_t NumElements(const std::vector<int64_t>& shape);
+
+// Everything the ranks must agree on about one named tensor before any data
+// moves. Built by the framework binding, negotiated by the controller.
+struct Request {
+  std::string name;
+  CollectiveType type = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce only
+  int32_t root_rank = 0;                // broadcast only
+  double prescale_factor = 1.0;         // allreduce only
+  double postscale_factor = 1.0;        // allreduce only
+  int32_t rank = 0;                     // the submitting rank (filled by core)
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_COMMON_H_

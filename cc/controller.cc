@@ -1,0 +1,186 @@
+#include "cc/controller.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "cc/logging.h"
+#include "cc/wire_format.h"
+
+namespace tfring {
+namespace {
+
+// Flag bits of the first word (stored inverted, so the AND yields an OR).
+constexpr uint64_t kNeedsNegotiation = 1ull << 0;
+
+// A cache hit that has not been agreed for this long is sent to the
+// coordinator, so the stall report can name the ranks that are missing it.
+constexpr double kStaleHitSeconds = 1.0;
+
+bool TestBit(const std::vector<uint64_t>& bits, int64_t word0, int64_t index) {
+  return (bits[word0 + index / 64] >> (index % 64)) & 1;
+}
+void SetBit(std::vector<uint64_t>* bits, int64_t word0, int64_t index) {
+  (*bits)[word0 + index / 64] |= 1ull << (index % 64);
+}
+void ClearBit(std::vector<uint64_t>* bits, int64_t word0, int64_t index) {
+  (*bits)[word0 + index / 64] &= ~(1ull << (index % 64));
+}
+
+std::string JoinRanks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i > 0 ? ", " : "") << ranks[i];
+  return out.str();
+}
+
+}  // namespace
+
+Controller::Controller(Transport* transport, const Config& config)
+    : transport_(transport), config_(config), cache_(config.cache_capacity) {
+  const int64_t cache_words = cache_.num_words();
+  const int64_t rank_words = (transport_->size() + 63) / 64;
+  layout_.flags = 0;
+  layout_.hits = 1;
+  layout_.invalid = layout_.hits + cache_words;
+  layout_.shutdown_ranks = layout_.invalid + cache_words;
+  layout_.total = layout_.shutdown_ranks + rank_words;
+  if (transport_->rank() == 0) {
+    coordinator_ = std::make_unique<Coordinator>(transport_->size(), config_);
+  }
+}
+
+std::vector<uint64_t> Controller::BuildBits(bool request_shutdown, Clock::time_point now) {
+  std::vector<uint64_t> bits(layout_.total, 0);
+  // Inverted sections start all ones; a rank clears a bit to raise it.
+  for (int64_t w = 0; w < layout_.hits; ++w) bits[w] = ~0ull;
+  for (int64_t w = layout_.invalid; w < layout_.total; ++w) bits[w] = ~0ull;
+
+  bool needs_negotiation = false;
+  for (Pending& pending : pending_) {
+    pending.cache_slot = -1;
+    if (pending.sent_to_coordinator) {
+      // Keep rounds negotiating until the coordinator has everyone's copy.
+      needs_negotiation = true;
+      continue;
+    }
+    const ResponseCache::Lookup lookup = cache_.Find(pending.request);
+    switch (lookup.state) {
+      case ResponseCache::State::kHit:
+        pending.cache_slot = lookup.slot;
+        SetBit(&bits, layout_.hits, lookup.slot);
+        if (std::chrono::duration<double>(now - pending.since).count() > kStaleHitSeconds) {
+          needs_negotiation = true;
+        }
+        break;
+      case ResponseCache::State::kInvalid:
+        ClearBit(&bits, layout_.invalid, lookup.slot);
+        needs_negotiation = true;
+        break;
+      case ResponseCache::State::kMiss:
+        needs_negotiation = true;
+        break;
+    }
+  }
+  if (needs_negotiation) bits[layout_.flags] &= ~kNeedsNegotiation;
+  if (request_shutdown) ClearBit(&bits, layout_.shutdown_ranks, transport_->rank());
+  return bits;
+}
+
+void Controller::TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOutcome* outcome) {
+  // Agreed: every rank hit the slot and no rank contradicted it.
+  std::vector<int64_t> agreed_slots;
+  for (const Pending& pending : pending_) {
+    const int64_t slot = pending.cache_slot;
+    if (slot >= 0 && TestBit(bits, layout_.hits, slot) && TestBit(bits, layout_.invalid, slot)) {
+      agreed_slots.push_back(slot);
+    }
+  }
+  std::sort(agreed_slots.begin(), agreed_slots.end());
+  for (int64_t slot : agreed_slots) {
+    outcome->responses.push_back(cache_.At(slot));
+    cache_.Touch(slot);
+    RemovePending(outcome->responses.back().name());
+  }
+  // Entries some rank contradicted are dropped everywhere; the requests
+  // concerned are renegotiated in full.
+  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+    if (!TestBit(bits, layout_.invalid, slot)) cache_.Evict(slot);
+  }
+}
+
+Status Controller::RunRound(std::vector<Request> new_requests, bool request_shutdown,
+                            RoundOutcome* outcome) {
+  *outcome = RoundOutcome();
+  const Clock::time_point now = Clock::now();
+  for (Request& request : new_requests) {
+    request.rank = transport_->rank();
+    pending_.push_back(Pending{std::move(request), now});
+  }
+
+  std::vector<uint64_t> bits = BuildBits(request_shutdown, now);
+  TFRING_RETURN_IF_ERROR(transport_->BitwiseAndAllreduce(&bits));
+  TakeCachedResponses(bits, outcome);
+
+  std::vector<int> shutdown_ranks;
+  for (int rank = 0; rank < transport_->size(); ++rank) {
+    if (!TestBit(bits, layout_.shutdown_ranks, rank)) shutdown_ranks.push_back(rank);
+  }
+  if (!shutdown_ranks.empty()) {
+    outcome->shutdown = true;
+    outcome->shutdown_reason =
+        JoinRanks(shutdown_ranks) + " shut down (tfring.shutdown() or process exit)";
+    return Status::OK();
+  }
+  if ((bits[layout_.flags] & kNeedsNegotiation) == 0) {
+    TFRING_RETURN_IF_ERROR(Negotiate(now, outcome));
+  }
+  return Status::OK();
+}
+
+Status Controller::Negotiate(Clock::time_point now, RoundOutcome* outcome) {
+  ++negotiation_rounds_;
+  std::vector<Request> to_send;
+  for (Pending& pending : pending_) {
+    if (!pending.sent_to_coordinator) {
+      pending.sent_to_coordinator = true;
+      to_send.push_back(pending.request);
+    }
+  }
+  std::vector<std::string> gathered;
+  TFRING_RETURN_IF_ERROR(transport_->GatherToRoot(EncodeRequests(to_send), &gathered));
+
+  std::string encoded_responses;
+  if (coordinator_) {
+    for (const std::string& bytes : gathered) {
+      std::vector<Request> requests;
+      TFRING_RETURN_IF_ERROR(DecodeRequests(bytes, &requests));
+      coordinator_->Add(requests, now);
+    }
+    const std::string shutdown_reason = coordinator_->InspectStalls(now);
+    encoded_responses = EncodeResponses(coordinator_->TakeReady(), shutdown_reason);
+  }
+  TFRING_RETURN_IF_ERROR(transport_->BroadcastFromRoot(&encoded_responses));
+
+  ResponseList negotiated;
+  std::string shutdown_reason;
+  TFRING_RETURN_IF_ERROR(DecodeResponses(encoded_responses, &negotiated, &shutdown_reason));
+  for (Response& response : negotiated) {
+    if (!response.is_error) cache_.Put(response);
+    RemovePending(response.name());
+    outcome->responses.push_back(std::move(response));
+  }
+  if (!shutdown_reason.empty()) {
+    outcome->shutdown = true;
+    outcome->shutdown_reason = shutdown_reason;
+  }
+  return Status::OK();
+}
+
+void Controller::RemovePending(const std::string& name) {
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const Pending& p) { return p.request.name == name; });
+  TFRING_CHECK(it != pending_.end(), "response for '" << name << "' that this rank never sent");
+  pending_.erase(it);
+}
+
+}  // namespace tfring

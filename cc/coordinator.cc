@@ -1,0 +1,95 @@
+#include "cc/coordinator.h"
+
+#include <sstream>
+
+#include "cc/logging.h"
+#include "cc/response_builder.h"
+
+namespace tfring {
+namespace {
+
+constexpr size_t kNamesPerRankInStallReport = 5;
+
+double SecondsBetween(Coordinator::Clock::time_point from, Coordinator::Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int world_size, const Config& config)
+    : world_size_(world_size), config_(config) {}
+
+void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point now) {
+  for (const Request& request : requests) {
+    TFRING_CHECK(request.rank >= 0 && request.rank < world_size_,
+                 "request from unknown rank " << request.rank);
+    auto inserted = table_.try_emplace(request.name);
+    Entry& entry = inserted.first->second;
+    if (inserted.second) {
+      entry.by_rank.resize(world_size_);
+      entry.submitted.assign(world_size_, false);
+      entry.first_seen = now;
+      entry.last_warned = now;
+    }
+    TFRING_CHECK(!entry.submitted[request.rank],
+                 "rank " << request.rank << " submitted '" << request.name << "' twice");
+    entry.submitted[request.rank] = true;
+    entry.by_rank[request.rank] = request;
+    if (++entry.count == world_size_) {
+      ready_.push_back(BuildResponse(entry.by_rank));
+      table_.erase(inserted.first);
+    }
+  }
+}
+
+ResponseList Coordinator::TakeReady() {
+  ResponseList ready;
+  ready.swap(ready_);
+  return ready;
+}
+
+std::string Coordinator::InspectStalls(Clock::time_point now) {
+  const double warn_after = config_.stall_check_time_s;
+  const double shutdown_after = config_.stall_shutdown_time_s;
+  if (warn_after <= 0 && shutdown_after <= 0) return "";
+
+  std::map<int, std::vector<std::string>> missing_by_rank;
+  std::string shutdown_reason;
+  bool any_to_warn = false;
+  for (auto& [name, entry] : table_) {
+    const double waited = SecondsBetween(entry.first_seen, now);
+    if (shutdown_after > 0 && waited > shutdown_after && shutdown_reason.empty()) {
+      std::ostringstream reason;
+      reason << "tensor '" << name << "' waited " << static_cast<int>(waited)
+             << " s for other ranks, longer than TFRING_STALL_SHUTDOWN_TIME_SECONDS="
+             << shutdown_after;
+      shutdown_reason = reason.str();
+    }
+    if (warn_after <= 0 || SecondsBetween(entry.last_warned, now) < warn_after) continue;
+    entry.last_warned = now;
+    any_to_warn = true;
+    for (int rank = 0; rank < world_size_; ++rank) {
+      if (!entry.submitted[rank]) missing_by_rank[rank].push_back(name);
+    }
+  }
+  if (any_to_warn) {
+    std::ostringstream report;
+    report << "Some ranks have not submitted tensors that other ranks submitted more than "
+           << warn_after << " s ago. This usually means the ranks run different code paths, "
+           << "or one rank is much slower or stuck. Missing:";
+    for (const auto& [rank, names] : missing_by_rank) {
+      report << " rank " << rank << ": ";
+      for (size_t i = 0; i < names.size() && i < kNamesPerRankInStallReport; ++i) {
+        report << (i > 0 ? ", " : "") << "'" << names[i] << "'";
+      }
+      if (names.size() > kNamesPerRankInStallReport) {
+        report << " and " << names.size() - kNamesPerRankInStallReport << " more";
+      }
+      report << ";";
+    }
+    TFRING_LOG(kWarning, report.str());
+  }
+  return shutdown_reason;
+}
+
+}  // namespace tfring

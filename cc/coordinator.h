@@ -1,0 +1,55 @@
+// Coordinator: rank 0's table of requests submitted so far, by name.
+//
+// Why rank 0 decides: when every rank has submitted a name, the coordinator
+// validates the requests (response_builder) and appends the response to one
+// ordered list that rank 0 broadcasts; all ranks then execute the same
+// collectives in the same order even though their frameworks submitted them
+// in different orders. The table also tells who is late: the stall report.
+#ifndef TFRING_CC_COORDINATOR_H_
+#define TFRING_CC_COORDINATOR_H_
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/config.h"
+#include "cc/response.h"
+
+namespace tfring {
+
+class Coordinator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Coordinator(int world_size, const Config& config);
+
+  // Records requests gathered this round (each carries its rank).
+  void Add(const std::vector<Request>& requests, Clock::time_point now);
+  // Responses for names now submitted by every rank, in completion order.
+  ResponseList TakeReady();
+  // Logs a warning for tensors waiting longer than the stall check time,
+  // listing the missing ranks. Returns a non-empty shutdown reason when a
+  // tensor waited longer than the stall shutdown time.
+  std::string InspectStalls(Clock::time_point now);
+  size_t num_waiting() const { return table_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<Request> by_rank;
+    std::vector<bool> submitted;
+    int count = 0;
+    Clock::time_point first_seen;
+    Clock::time_point last_warned;
+  };
+
+  const int world_size_;
+  const Config& config_;
+  std::map<std::string, Entry> table_;
+  ResponseList ready_;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_COORDINATOR_H_

@@ -1,0 +1,149 @@
+// The process-wide core state behind api.h.
+//
+// One state object per process, deliberately leaked so no destructor runs at
+// exit while the background thread might still be inside MPI. Its lifetime
+// is managed explicitly: InitializeMpi starts the loop; Shutdown (called by
+// tfring.shutdown(), Python's atexit, or -- as a backstop -- an attribute
+// on MPI_COMM_SELF whose delete callback MPI_Finalize runs first) stops it
+// in step with the other ranks.
+#include <mpi.h>
+
+#include <memory>
+#include <mutex>
+
+#include "cc/api.h"
+#include "cc/background_loop.h"
+#include "cc/config.h"
+#include "cc/logging.h"
+#include "cc/mpi_transport.h"
+#include "cc/tensor_queue.h"
+
+namespace tfring {
+namespace {
+
+struct CoreState {
+  std::mutex lifecycle_mutex;  // serialises InitializeMpi and Shutdown
+  std::unique_ptr<MpiTransport> transport;
+  std::shared_ptr<TensorQueue> queue;  // shared: Enqueue may hold it across Shutdown
+  std::unique_ptr<BackgroundLoop> loop;
+  Topology topology;
+  bool finalize_hook_installed = false;
+};
+
+CoreState& State() {
+  static CoreState* state = new CoreState();
+  return *state;
+}
+
+const char kNotInitialized[] =
+    "tfring has not been initialized (or was shut down); call tfring.init() on every rank "
+    "before running collectives.";
+
+Status ShutdownLocked(CoreState& state) {
+  if (!state.loop) return Status::OK();
+  state.loop->RequestShutdown();
+  state.loop->Join();
+  state.loop.reset();
+  state.queue.reset();
+  state.transport.reset();
+  return Status::OK();
+}
+
+int OnMpiFinalize(MPI_Comm, int, void*, void*) {
+  // MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else, so
+  // the background thread stops while MPI still works.
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  ShutdownLocked(state);
+  return MPI_SUCCESS;
+}
+
+void InstallFinalizeHook(CoreState& state) {
+  if (state.finalize_hook_installed) return;
+  int keyval;
+  MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &OnMpiFinalize, &keyval, nullptr);
+  MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr);
+  state.finalize_hook_installed = true;
+}
+
+}  // namespace
+
+Status InitializeMpi(int64_t mpi_comm_fortran) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (state.loop && state.loop->running()) return Status::OK();
+  ShutdownLocked(state);  // a loop stopped by a peer's shutdown is restarted
+
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return Status::FailedPrecondition(
+        "MPI is not initialized (or already finalized). tfring.init() initializes MPI through "
+        "mpi4py; do not call MPI.Finalize() before tfring.shutdown().");
+  }
+  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran));
+  TFRING_RETURN_IF_ERROR(MpiTransport::Create(comm, &state.transport));
+  state.topology = state.transport->topology();
+  SetLogRank(state.topology.rank);
+  InstallFinalizeHook(state);
+
+  state.queue = std::make_shared<TensorQueue>();
+  state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
+                                                Config::Get());
+  state.loop->Start();
+  return Status::OK();
+}
+
+Status Shutdown() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return ShutdownLocked(state);
+}
+
+bool IsInitialized() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return state.loop != nullptr;
+}
+
+Topology GetTopology() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return state.topology;
+}
+
+bool MpiThreadsSupported() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
+Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
+  CoreState& state = State();
+  std::shared_ptr<TensorQueue> queue;
+  {
+    std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+    if (!state.loop) return Status::FailedPrecondition(kNotInitialized);
+    queue = state.queue;
+  }
+  if (request.type == CollectiveType::kBroadcast &&
+      (request.root_rank < 0 || request.root_rank >= state.topology.size)) {
+    return Status::InvalidArgument("tfring broadcast of '" + request.name + "': root_rank " +
+                                   std::to_string(request.root_rank) + " is out of range; " +
+                                   "expected 0 <= root_rank < size() = " +
+                                   std::to_string(state.topology.size) + ".");
+  }
+  if (request.type == CollectiveType::kAllreduce &&
+      (!IsReducible(request.dtype) || request.reduce_op == ReduceOp::kAdasum)) {
+    return Status::InvalidArgument(
+        std::string("tfring allreduce of '") + request.name + "': " + ReduceOpName(request.reduce_op) +
+        " on " + DataTypeName(request.dtype) + " is not supported. Supported ops: Sum, Average, "
+        "Min, Max, Product on uint8, int8, int32, int64, float16, bfloat16, float32, float64.");
+  }
+  return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)});
+}
+
+const void* CoreStateAddress() { return &State(); }
+
+}  // namespace tfring

@@ -1,0 +1,63 @@
+#include "cc/tensor_queue.h"
+
+#include "cc/logging.h"
+
+namespace tfring {
+
+Status TensorQueue::Add(TensorEntry entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return close_reason_;
+  const std::string& name = entry.request.name;
+  if (in_flight_.count(name)) {
+    return Status::InvalidArgument(
+        "tfring: a " + std::string(CollectiveTypeName(entry.request.type)) + " named '" + name +
+        "' is already in flight on this rank. Each collective in flight needs a unique name: "
+        "pass a distinct name= to each call that runs concurrently, or wait for the first one "
+        "to finish.");
+  }
+  new_requests_.push_back(entry.request);
+  in_flight_.emplace(name, std::move(entry));
+  work_arrived_.notify_one();
+  return Status::OK();
+}
+
+std::vector<Request> TensorQueue::TakeNewRequests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Request> taken;
+  taken.swap(new_requests_);
+  return taken;
+}
+
+TensorEntry TensorQueue::Take(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = in_flight_.find(name);
+  TFRING_CHECK(it != in_flight_.end(), "no tensor named '" << name << "' in flight");
+  TensorEntry entry = std::move(it->second);
+  in_flight_.erase(it);
+  return entry;
+}
+
+std::vector<TensorEntry> TensorQueue::Close(const Status& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+  close_reason_ = reason;
+  std::vector<TensorEntry> remaining;
+  for (auto& [name, entry] : in_flight_) remaining.push_back(std::move(entry));
+  in_flight_.clear();
+  new_requests_.clear();
+  return remaining;
+}
+
+void TensorQueue::WaitForWork(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  work_arrived_.wait_until(lock, deadline, [&] { return !new_requests_.empty() || woken_; });
+  woken_ = false;
+}
+
+void TensorQueue::Wake() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  woken_ = true;
+  work_arrived_.notify_one();
+}
+
+}  // namespace tfring

@@ -1,0 +1,58 @@
+// TensorQueue: the hand-off point between framework threads and the
+// background thread.
+//
+// Framework threads Add entries (any thread, any time); the background thread
+// takes the new requests each round and later Takes the entries it executes.
+// A name may be in flight only once: a second Add under the same name is a
+// user error reported immediately. Names are released before callbacks run,
+// because an eager caller may resubmit the same name as soon as it is done.
+#ifndef TFRING_CC_TENSOR_QUEUE_H_
+#define TFRING_CC_TENSOR_QUEUE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cc/api.h"
+#include "cc/common.h"
+#include "cc/status.h"
+
+namespace tfring {
+
+struct TensorEntry {
+  Request request;
+  TensorBuffers buffers;
+  DoneCallback done;
+};
+
+class TensorQueue {
+ public:
+  // Fails if the queue is closed or the name is already in flight.
+  Status Add(TensorEntry entry);
+  // Requests added since the last call, in submission order.
+  std::vector<Request> TakeNewRequests();
+  // Removes and returns the in-flight entry for `name` (must exist).
+  TensorEntry Take(const std::string& name);
+  // Closes the queue (later Adds fail with `reason`) and returns every entry
+  // still in flight.
+  std::vector<TensorEntry> Close(const Status& reason);
+  // Blocks until a new request arrives, `deadline` passes, or Wake is called.
+  void WaitForWork(std::chrono::steady_clock::time_point deadline);
+  void Wake();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable work_arrived_;
+  std::unordered_map<std::string, TensorEntry> in_flight_;
+  std::vector<Request> new_requests_;
+  bool woken_ = false;
+  bool closed_ = false;
+  Status close_reason_;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_TENSOR_QUEUE_H_

@@ -1,0 +1,51 @@
+// Transport: the communication primitives the core needs, and nothing else.
+//
+// Why an interface: the negotiation and execution logic is tested in one
+// process with ranks as threads (LoopbackTransport) and runs for real over
+// MPI (MpiTransport). Later backends (NCCL for data, other launchers) slot in
+// here. Every call is collective over all ranks and blocks the calling (the
+// background) thread until this rank's part is done.
+#ifndef TFRING_CC_TRANSPORT_H_
+#define TFRING_CC_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/status.h"
+
+namespace tfring {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // --- Negotiation (small messages, every round) ---
+  // Element-wise bitwise AND of `words` over all ranks, in place.
+  virtual Status BitwiseAndAllreduce(std::vector<uint64_t>* words) = 0;
+  // Rank 0 receives every rank's bytes (indexed by rank) in `gathered`;
+  // other ranks leave it untouched.
+  virtual Status GatherToRoot(const std::string& local, std::vector<std::string>* gathered) = 0;
+  // Rank 0's `bytes` replace every other rank's.
+  virtual Status BroadcastFromRoot(std::string* bytes) = 0;
+
+  // --- Data ---
+  // output = reduction of every rank's input. `input` may equal `output`.
+  // `op` is kSum, kMin, kMax or kProduct (Average is a scaled Sum).
+  virtual Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
+  // Every rank learns every rank's `local` value.
+  virtual Status AllgatherInt64(int64_t local, std::vector<int64_t>* all) = 0;
+  // Concatenates each rank's bytes, in rank order, into `output`.
+  virtual Status Allgatherv(const void* input, int64_t input_bytes, void* output,
+                            const std::vector<int64_t>& bytes_per_rank) = 0;
+  virtual Status Broadcast(void* buffer, int64_t bytes, int root_rank) = 0;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_TRANSPORT_H_

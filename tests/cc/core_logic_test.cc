@@ -1,0 +1,426 @@
+// In-process tests of the core's negotiation, validation, fusion and cache,
+// with ranks as threads over the loopback transport.
+//
+// Usage: core_logic_test <scenario|all> <world_size>
+// Prints "PASS <scenario> size=N" or "FAIL <scenario> size=N: why" per
+// scenario and exits non-zero if any failed. Driven from
+// tests/test_core_logic.py for world sizes 1..8.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+
+#include "cc/fusion_planner.h"
+#include "cc/reduce_kernels.h"
+#include "tests/cc/loopback_harness.h"
+
+namespace tfring {
+namespace testing {
+namespace {
+
+Config TestConfig() {
+  Config config;
+  config.cycle_time_ms = 0.2;
+  config.stall_check_time_s = 0;  // no warnings in tests that wait on purpose
+  return config;
+}
+
+// Every rank submits `count` float32 tensors of varied sizes in its own
+// random order; each sum must equal the sum of the ranks' contributions.
+void AllreduceRandomOrder(int size, int count, Config config, int steps = 1) {
+  LoopbackCluster cluster(size, config);
+  OnEveryRank(size, [&](int rank) {
+    std::mt19937 shuffle_rng(1234 + rank);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<int> order(count);
+      for (int i = 0; i < count; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), shuffle_rng);
+      std::map<int, std::unique_ptr<Submitted>> submitted;
+      for (int i : order) {
+        const int64_t elements = 1 + (i * 37) % 700;
+        std::vector<float> values(elements);
+        for (int64_t e = 0; e < elements; ++e) values[e] = float(rank + 1) * (e % 7 + i);
+        Request request = MakeRequest("grad_" + std::to_string(i), CollectiveType::kAllreduce,
+                                      DataType::kFloat32, {elements});
+        submitted[i] = Submit(cluster.rank(rank), request, Bytes(values));
+      }
+      const float rank_sum = size * (size + 1) / 2.0f;
+      for (auto& [i, tensor] : submitted) {
+        Status status = Await(*tensor);
+        EXPECT_TRUE(status.ok(), status.message());
+        const int64_t elements = 1 + (i * 37) % 700;
+        std::vector<float> out = Values<float>(tensor->output, elements);
+        for (int64_t e = 0; e < elements; ++e) {
+          EXPECT_TRUE(out[e] == rank_sum * (e % 7 + i),
+                      "tensor " << i << " element " << e << " = " << out[e]);
+        }
+      }
+    }
+  });
+  cluster.Stop();
+  if (steps > 1 && config.cache_capacity >= count && count > 0) {
+    // Steady state: later steps agree through the cache bits alone, so the
+    // number of negotiation rounds stays well below one per tensor per step.
+    const int64_t rounds = cluster.rank(0).loop->controller().negotiation_rounds();
+    EXPECT_TRUE(rounds < static_cast<int64_t>(count) * steps,
+                "expected the cache to avoid negotiation, saw " << rounds << " rounds");
+  }
+}
+
+void TestAllreduceOrders(int size) {
+  for (int count : {0, 1, 7, 200}) AllreduceRandomOrder(size, count, TestConfig());
+}
+
+void TestSmallFusionThreshold(int size) {
+  Config config = TestConfig();
+  config.fusion_threshold = 4096;  // tensors just under and over it
+  config.direct_threshold = 2048;
+  AllreduceRandomOrder(size, 60, config);
+  config.fusion_threshold = 0;  // fusion disabled
+  AllreduceRandomOrder(size, 20, config);
+}
+
+void TestCacheSteadyState(int size) {
+  AllreduceRandomOrder(size, 40, TestConfig(), /*steps=*/6);
+  Config tiny = TestConfig();
+  tiny.cache_capacity = 3;  // constant eviction must stay consistent
+  AllreduceRandomOrder(size, 20, tiny, /*steps=*/3);
+  Config none = TestConfig();
+  none.cache_capacity = 0;
+  AllreduceRandomOrder(size, 20, none, /*steps=*/2);
+}
+
+void TestShapeMismatchThenRecovery(int size) {
+  if (size < 2) return;
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    // Step 0 agrees, so the name is cached; step 1 mismatches on rank 1.
+    for (int step = 0; step < 2; ++step) {
+      const int64_t length = (step == 1 && rank == 1) ? 3 : 4;
+      auto tensor = Submit(cluster.rank(rank),
+                           MakeRequest("weights", CollectiveType::kAllreduce, DataType::kFloat32,
+                                       {length}),
+                           Bytes(std::vector<float>(length, 1.0f)));
+      Status status = Await(*tensor);
+      if (step == 0) {
+        EXPECT_TRUE(status.ok(), status.message());
+      } else {
+        EXPECT_TRUE(status.code() == StatusCode::kFailedPrecondition, status.message());
+        const std::string& message = status.message();
+        EXPECT_TRUE(message.find("'weights'") != std::string::npos, message);
+        EXPECT_TRUE(message.find("shape") != std::string::npos, message);
+        EXPECT_TRUE(message.find("rank 1 submitted [3]") != std::string::npos, message);
+        EXPECT_TRUE(message.find("submitted [4]") != std::string::npos, message);
+      }
+    }
+    // The next collective works normally.
+    auto after = Submit(cluster.rank(rank),
+                        MakeRequest("after", CollectiveType::kAllreduce, DataType::kInt32, {2}),
+                        Bytes(std::vector<int32_t>{rank, 1}));
+    Status status = Await(*after);
+    EXPECT_TRUE(status.ok(), status.message());
+    std::vector<int32_t> out = Values<int32_t>(after->output, 2);
+    EXPECT_TRUE(out[1] == size && out[0] == size * (size - 1) / 2, out[0] << "," << out[1]);
+  });
+}
+
+void TestEveryMismatchKind(int size) {
+  if (size < 2) return;
+  struct Case {
+    const char* field;
+    std::function<void(Request&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"dtype", [](Request& r) { r.dtype = DataType::kFloat64; }},
+      {"reduction op", [](Request& r) { r.reduce_op = ReduceOp::kMax; }},
+      {"prescale_factor", [](Request& r) { r.prescale_factor = 2.0; }},
+      {"postscale_factor", [](Request& r) { r.postscale_factor = 0.5; }},
+      {"collective operation", [](Request& r) { r.type = CollectiveType::kBroadcast; }},
+  };
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    for (const Case& c : cases) {
+      Request request = MakeRequest(std::string("t_") + c.field, CollectiveType::kAllreduce,
+                                    DataType::kFloat32, {2});
+      if (rank == size - 1) c.change(request);
+      const int64_t bytes = 2 * DataTypeSize(request.dtype);
+      auto tensor = Submit(cluster.rank(rank), request, std::vector<uint8_t>(bytes, 0));
+      Status status = Await(*tensor);
+      EXPECT_TRUE(status.code() == StatusCode::kFailedPrecondition,
+                  c.field << ": " << status.message());
+      EXPECT_TRUE(status.message().find(c.field) != std::string::npos, status.message());
+      EXPECT_TRUE(status.message().find("rank " + std::to_string(size - 1)) != std::string::npos,
+                  status.message());
+    }
+    // Broadcast root mismatch.
+    Request request = MakeRequest("root", CollectiveType::kBroadcast, DataType::kInt8, {1});
+    request.root_rank = rank == 0 ? 1 : 0;
+    auto tensor = Submit(cluster.rank(rank), request, std::vector<uint8_t>(1, 0));
+    Status status = Await(*tensor);
+    EXPECT_TRUE(status.code() == StatusCode::kFailedPrecondition, status.message());
+    EXPECT_TRUE(status.message().find("root rank") != std::string::npos, status.message());
+    EXPECT_TRUE(status.message().find("rank 0 submitted 1") != std::string::npos,
+                status.message());
+  });
+}
+
+void TestAllgatherAndBroadcast(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    for (int step = 0; step < 3; ++step) {  // repeated: exercises the cache
+      // Rank r contributes r+1+step rows of 2 int64 values each.
+      const int64_t rows = rank + 1 + step;
+      std::vector<int64_t> values;
+      for (int64_t i = 0; i < rows; ++i) {
+        values.push_back(rank);
+        values.push_back(i);
+      }
+      auto gathered =
+          Submit(cluster.rank(rank),
+                 MakeRequest("gather", CollectiveType::kAllgather, DataType::kInt64, {rows, 2}),
+                 Bytes(values));
+      Status status = Await(*gathered);
+      EXPECT_TRUE(status.ok(), status.message());
+      int64_t total = 0;
+      for (int r = 0; r < size; ++r) total += r + 1 + step;
+      EXPECT_TRUE(gathered->output_shape == std::vector<int64_t>({total, 2}),
+                  ShapeToString(gathered->output_shape));
+      std::vector<int64_t> out = Values<int64_t>(gathered->output, total * 2);
+      int64_t row = 0;
+      for (int r = 0; r < size; ++r) {
+        for (int64_t i = 0; i < r + 1 + step; ++i, ++row) {
+          EXPECT_TRUE(out[row * 2] == r && out[row * 2 + 1] == i, "row " << row);
+        }
+      }
+    }
+    for (int root = 0; root < size; ++root) {
+      Request request =
+          MakeRequest("bcast_" + std::to_string(root), CollectiveType::kBroadcast,
+                      DataType::kFloat64, {3});
+      request.root_rank = root;
+      auto tensor = Submit(cluster.rank(rank), request,
+                           Bytes(std::vector<double>{double(rank), 1.5, -2.0}));
+      Status status = Await(*tensor);
+      EXPECT_TRUE(status.ok(), status.message());
+      std::vector<double> out = Values<double>(tensor->output, 3);
+      EXPECT_TRUE(out[0] == root && out[1] == 1.5 && out[2] == -2.0, "root " << root);
+    }
+    // A scalar allgather yields one element per rank; a zero-row one nothing.
+    auto scalar = Submit(cluster.rank(rank),
+                         MakeRequest("scalar", CollectiveType::kAllgather, DataType::kInt32, {}),
+                         Bytes(std::vector<int32_t>{rank * 10}));
+    EXPECT_TRUE(Await(*scalar).ok(), "scalar allgather");
+    EXPECT_TRUE(scalar->output_shape == std::vector<int64_t>({size}),
+                ShapeToString(scalar->output_shape));
+    auto empty = Submit(cluster.rank(rank),
+                        MakeRequest("empty", CollectiveType::kAllgather, DataType::kBool, {0, 3}),
+                        {});
+    EXPECT_TRUE(Await(*empty).ok(), "empty allgather");
+    EXPECT_TRUE(empty->output_shape == std::vector<int64_t>({0, 3}),
+                ShapeToString(empty->output_shape));
+  });
+}
+
+void TestOpsScalesAndSixteenBit(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    struct Case {
+      ReduceOp op;
+      double expected;
+    };
+    const double n = size;
+    std::vector<Case> cases = {{ReduceOp::kSum, n * (n + 1) / 2},
+                               {ReduceOp::kAverage, (n + 1) / 2},
+                               {ReduceOp::kMin, 1},
+                               {ReduceOp::kMax, n},
+                               {ReduceOp::kProduct, std::tgamma(n + 1)}};
+    for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
+                           DataType::kFloat64, DataType::kInt32}) {
+      for (const Case& c : cases) {
+        Request request = MakeRequest(std::string(DataTypeName(dtype)) + ReduceOpName(c.op),
+                                      CollectiveType::kAllreduce, dtype, {5});
+        request.reduce_op = c.op;
+        std::vector<float> as_float(5, float(rank + 1));
+        std::vector<uint8_t> input(5 * DataTypeSize(dtype));
+        ScaleCopy(DataType::kFloat32, as_float.data(), as_float.data(), 5, 1.0);
+        for (int i = 0; i < 5; ++i) {
+          const float v = as_float[i];
+          switch (dtype) {
+            case DataType::kFloat16: reinterpret_cast<uint16_t*>(input.data())[i] = FloatToHalf(v); break;
+            case DataType::kBFloat16: reinterpret_cast<uint16_t*>(input.data())[i] = FloatToBFloat16(v); break;
+            case DataType::kFloat32: reinterpret_cast<float*>(input.data())[i] = v; break;
+            case DataType::kFloat64: reinterpret_cast<double*>(input.data())[i] = v; break;
+            default: reinterpret_cast<int32_t*>(input.data())[i] = static_cast<int32_t>(v);
+          }
+        }
+        auto tensor = Submit(cluster.rank(rank), request, input);
+        Status status = Await(*tensor);
+        EXPECT_TRUE(status.ok(), status.message());
+        double got;
+        switch (dtype) {
+          case DataType::kFloat16: got = HalfToFloat(reinterpret_cast<uint16_t*>(tensor->output.data())[4]); break;
+          case DataType::kBFloat16: got = BFloat16ToFloat(reinterpret_cast<uint16_t*>(tensor->output.data())[4]); break;
+          case DataType::kFloat32: got = reinterpret_cast<float*>(tensor->output.data())[4]; break;
+          case DataType::kFloat64: got = reinterpret_cast<double*>(tensor->output.data())[4]; break;
+          default: got = reinterpret_cast<int32_t*>(tensor->output.data())[4];
+        }
+        double expected = c.expected;
+        if (dtype == DataType::kInt32) expected = std::trunc(expected);
+        const double tolerance = (dtype == DataType::kBFloat16 ? 1e-2 : 1e-3) * std::abs(expected);
+        EXPECT_TRUE(std::abs(got - expected) <= tolerance,
+                    DataTypeName(dtype) << " " << ReduceOpName(c.op) << ": got " << got
+                                        << " expected " << expected);
+      }
+    }
+    // Pre and post scaling: (sum of 2*(r+1)) * 0.25.
+    Request request = MakeRequest("scaled", CollectiveType::kAllreduce, DataType::kFloat64, {1});
+    request.prescale_factor = 2.0;
+    request.postscale_factor = 0.25;
+    auto tensor = Submit(cluster.rank(rank), request, Bytes(std::vector<double>{rank + 1.0}));
+    EXPECT_TRUE(Await(*tensor).ok(), "scaled");
+    const double got = Values<double>(tensor->output, 1)[0];
+    EXPECT_TRUE(got == n * (n + 1) / 2 * 0.5, got);
+  });
+}
+
+void TestDuplicateNameRejected(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  // Only rank 0 submits, so "dup" stays in flight while the second arrives.
+  auto first = Submit(cluster.rank(0),
+                      MakeRequest("dup", CollectiveType::kAllreduce, DataType::kFloat32, {1}),
+                      Bytes(std::vector<float>{1}));
+  auto second = Submit(cluster.rank(0),
+                       MakeRequest("dup", CollectiveType::kAllreduce, DataType::kFloat32, {1}),
+                       Bytes(std::vector<float>{1}));
+  if (size > 1) {
+    EXPECT_TRUE(second->enqueue_status.code() == StatusCode::kInvalidArgument,
+                second->enqueue_status.message());
+    EXPECT_TRUE(second->enqueue_status.message().find("already in flight") != std::string::npos,
+                second->enqueue_status.message());
+  }
+  cluster.Stop();
+  Status status = Await(*first);
+  if (size > 1) {
+    // Cancelled by the shutdown, with a reason.
+    EXPECT_TRUE(status.code() == StatusCode::kAborted, status.message());
+    EXPECT_TRUE(status.message().find("shut down") != std::string::npos, status.message());
+  }
+}
+
+void TestPeerShutdownFailsPending(int size) {
+  if (size < 2) return;
+  LoopbackCluster cluster(size, TestConfig());
+  // Rank 0 waits for a tensor the last rank never submits; the last rank
+  // shuts down; rank 0's pending op must fail promptly naming that rank.
+  auto pending = Submit(cluster.rank(0),
+                        MakeRequest("orphan", CollectiveType::kAllreduce, DataType::kFloat32, {1}),
+                        Bytes(std::vector<float>{1}));
+  cluster.rank(size - 1).loop->RequestShutdown();
+  Status status = Await(*pending, 10.0);
+  EXPECT_TRUE(status.code() == StatusCode::kAborted, status.message());
+  EXPECT_TRUE(status.message().find("rank " + std::to_string(size - 1) + " shut down") !=
+                  std::string::npos,
+              status.message());
+  // Later submissions fail immediately with the same reason.
+  auto later = Submit(cluster.rank(0),
+                      MakeRequest("later", CollectiveType::kAllreduce, DataType::kFloat32, {1}),
+                      Bytes(std::vector<float>{1}));
+  EXPECT_TRUE(later->enqueue_status.code() == StatusCode::kAborted,
+              later->enqueue_status.message());
+}
+
+void TestFusionPlanner(int) {
+  auto response = [](DataType dtype, ReduceOp op, CollectiveType type = CollectiveType::kAllreduce) {
+    Response r;
+    r.request.type = type;
+    r.request.dtype = dtype;
+    r.request.reduce_op = op;
+    return r;
+  };
+  ResponseList responses = {response(DataType::kFloat32, ReduceOp::kSum),
+                             response(DataType::kFloat64, ReduceOp::kSum),
+                             response(DataType::kFloat32, ReduceOp::kAverage),
+                             response(DataType::kFloat32, ReduceOp::kSum, CollectiveType::kBroadcast),
+                             response(DataType::kFloat32, ReduceOp::kSum),
+                             response(DataType::kFloat32, ReduceOp::kMax),
+                             response(DataType::kFloat32, ReduceOp::kSum)};
+  std::vector<int64_t> sizes = {100, 100, 100, 100, 5000, 100, 900};
+  std::vector<Batch> batches = PlanBatches(responses, sizes, 1000, 4000);
+  // float32 Sum/Average share a batch (Average is a scaled Sum) until 1000
+  // bytes; the 5000-byte tensor goes direct; Max and float64 stand apart.
+  std::vector<std::vector<size_t>> expected = {{0, 2}, {1}, {3}, {4}, {5}, {6}};
+  EXPECT_TRUE(batches.size() == expected.size(), batches.size() << " batches");
+  for (size_t b = 0; b < batches.size(); ++b) {
+    EXPECT_TRUE(batches[b].members == expected[b], "batch " << b);
+  }
+  EXPECT_TRUE(batches[0].fused && !batches[2].fused && !batches[3].fused, "fused flags");
+  EXPECT_TRUE(PlanBatches({}, {}, 1000, 4000).empty(), "empty plan");
+  std::vector<Batch> unfused = PlanBatches(responses, sizes, 0, 4000);
+  EXPECT_TRUE(unfused.size() == responses.size(), "threshold 0 disables fusion");
+}
+
+void TestHalfConversions(int) {
+  for (float value : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333f}) {
+    const float back = HalfToFloat(FloatToHalf(value));
+    EXPECT_TRUE(std::abs(back - value) <= std::abs(value) * 1e-3f, value << " -> " << back);
+    const float back16 = BFloat16ToFloat(FloatToBFloat16(value));
+    EXPECT_TRUE(std::abs(back16 - value) <= std::abs(value) * 1e-2f, value << " -> " << back16);
+  }
+  EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(1e6f))), "overflow to inf");
+}
+
+const std::map<std::string, void (*)(int)>& Scenarios() {
+  static const std::map<std::string, void (*)(int)> scenarios = {
+      {"allreduce_orders", TestAllreduceOrders},
+      {"small_fusion_threshold", TestSmallFusionThreshold},
+      {"cache_steady_state", TestCacheSteadyState},
+      {"shape_mismatch_then_recovery", TestShapeMismatchThenRecovery},
+      {"every_mismatch_kind", TestEveryMismatchKind},
+      {"allgather_and_broadcast", TestAllgatherAndBroadcast},
+      {"ops_scales_sixteen_bit", TestOpsScalesAndSixteenBit},
+      {"duplicate_name_rejected", TestDuplicateNameRejected},
+      {"peer_shutdown_fails_pending", TestPeerShutdownFailsPending},
+      {"fusion_planner", TestFusionPlanner},
+      {"half_conversions", TestHalfConversions},
+  };
+  return scenarios;
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace tfring
+
+int main(int argc, char** argv) {
+  using namespace tfring::testing;
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s <scenario|all|list> <world_size>\n", argv[0]);
+    return 2;
+  }
+  const std::string which = argv[1];
+  const int size = std::atoi(argv[2]);
+  if (which == "list") {
+    for (const auto& [name, fn] : Scenarios()) std::printf("%s\n", name.c_str());
+    return 0;
+  }
+  int failed = 0, ran = 0;
+  for (const auto& [name, fn] : Scenarios()) {
+    if (which != "all" && which != name) continue;
+    ++ran;
+    try {
+      fn(size);
+      std::printf("PASS %s size=%d\n", name.c_str(), size);
+    } catch (const TestFailure& failure) {
+      ++failed;
+      std::printf("FAIL %s size=%d: %s\n", name.c_str(), size, failure.message.c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (ran == 0) {
+    std::fprintf(stderr, "unknown scenario '%s'\n", which.c_str());
+    return 2;
+  }
+  return failed == 0 ? 0 : 1;
+}

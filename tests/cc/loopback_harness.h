@@ -1,0 +1,169 @@
+// Ranks as threads: a world of BackgroundLoops over one LoopbackWorld, with
+// helpers to submit tensors and wait for their completion with a deadline
+// (a test that would hang fails instead).
+#ifndef TFRING_TESTS_CC_LOOPBACK_HARNESS_H_
+#define TFRING_TESTS_CC_LOOPBACK_HARNESS_H_
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/background_loop.h"
+#include "cc/config.h"
+#include "cc/loopback_transport.h"
+#include "cc/tensor_queue.h"
+
+namespace tfring {
+namespace testing {
+
+// Thrown by EXPECT-style checks; caught per scenario by the runner.
+struct TestFailure {
+  std::string message;
+};
+
+#define EXPECT_TRUE(condition, stream_expr)                                  \
+  do {                                                                       \
+    if (!(condition)) {                                                      \
+      std::ostringstream _out;                                               \
+      _out << __FILE__ << ":" << __LINE__ << ": " << #condition << ": " << stream_expr; \
+      throw ::tfring::testing::TestFailure{_out.str()};                      \
+    }                                                                        \
+  } while (0)
+
+// One rank's loop and the memory of the tensors it submitted.
+struct RankContext {
+  std::unique_ptr<LoopbackTransport> transport;
+  std::unique_ptr<TensorQueue> queue;
+  std::unique_ptr<BackgroundLoop> loop;
+};
+
+class LoopbackCluster {
+ public:
+  LoopbackCluster(int size, Config config) : config_(config) {
+    auto world = std::make_shared<LoopbackWorld>(size);
+    for (int rank = 0; rank < size; ++rank) {
+      auto context = std::make_unique<RankContext>();
+      context->transport = std::make_unique<LoopbackTransport>(world, rank);
+      context->queue = std::make_unique<TensorQueue>();
+      context->loop = std::make_unique<BackgroundLoop>(context->transport.get(),
+                                                       context->queue.get(), config_);
+      context->loop->Start();
+      ranks_.push_back(std::move(context));
+    }
+  }
+  ~LoopbackCluster() { Stop(); }
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  RankContext& rank(int r) { return *ranks_[r]; }
+
+  // Every rank asks to stop; all loops end in the same round.
+  void Stop() {
+    for (auto& context : ranks_) context->loop->RequestShutdown();
+    for (auto& context : ranks_) context->loop->Join();
+  }
+
+ private:
+  Config config_;
+  std::vector<std::unique_ptr<RankContext>> ranks_;
+};
+
+// A submitted tensor: owns its input and output and the completion future.
+struct Submitted {
+  std::vector<uint8_t> input;
+  std::vector<uint8_t> output;
+  std::vector<int64_t> output_shape;
+  std::shared_ptr<std::promise<Status>> done = std::make_shared<std::promise<Status>>();
+  std::future<Status> result = done->get_future();
+  Status enqueue_status;
+};
+
+inline std::unique_ptr<Submitted> Submit(RankContext& context, Request request,
+                                         std::vector<uint8_t> input) {
+  auto submitted = std::make_unique<Submitted>();
+  submitted->input = std::move(input);
+  Submitted* raw = submitted.get();
+  TensorBuffers buffers;
+  buffers.input = raw->input.data();
+  if (request.type == CollectiveType::kAllgather) {
+    buffers.allocate_output = [raw, dtype = request.dtype](const std::vector<int64_t>& shape,
+                                                           void** data) {
+      raw->output_shape = shape;
+      raw->output.resize(NumElements(shape) * DataTypeSize(dtype) + 1);
+      *data = raw->output.data();
+      return Status::OK();
+    };
+  } else {
+    raw->output.resize(raw->input.size() + 1);
+    buffers.output = raw->output.data();
+  }
+  auto done = raw->done;
+  raw->enqueue_status = context.queue->Add(
+      TensorEntry{std::move(request), buffers, [done](const Status& s) { done->set_value(s); }});
+  if (!raw->enqueue_status.ok()) done->set_value(raw->enqueue_status);
+  return submitted;
+}
+
+inline Status Await(Submitted& submitted, double seconds = 20.0) {
+  if (submitted.result.wait_for(std::chrono::duration<double>(seconds)) !=
+      std::future_status::ready) {
+    throw TestFailure{"a collective did not complete within the deadline (hang)"};
+  }
+  return submitted.result.get();
+}
+
+template <typename T>
+std::vector<uint8_t> Bytes(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+template <typename T>
+std::vector<T> Values(const std::vector<uint8_t>& bytes, size_t count) {
+  std::vector<T> values(count);
+  if (count) std::memcpy(values.data(), bytes.data(), count * sizeof(T));
+  return values;
+}
+
+inline Request MakeRequest(const std::string& name, CollectiveType type, DataType dtype,
+                           std::vector<int64_t> shape) {
+  Request request;
+  request.name = name;
+  request.type = type;
+  request.dtype = dtype;
+  request.shape = std::move(shape);
+  request.reduce_op = ReduceOp::kSum;
+  return request;
+}
+
+// Runs body(rank) on one thread per rank and rethrows the first failure.
+inline void OnEveryRank(int size, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(size);
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (const TestFailure& failure) {
+        failures[rank] = failure.message;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int rank = 0; rank < size; ++rank) {
+    if (!failures[rank].empty()) {
+      throw TestFailure{"rank " + std::to_string(rank) + ": " + failures[rank]};
+    }
+  }
+}
+
+}  // namespace testing
+}  // namespace tfring
+
+#endif  // TFRING_TESTS_CC_LOOPBACK_HARNESS_H_

@@ -1,0 +1,110 @@
+// tfring._core: the Python binding of the core's control API (init,
+// shutdown, topology, configuration) and of the enums shared with C++.
+//
+// No logic lives here and no tensor data passes through it: collectives go
+// through the TensorFlow op library. Core Status errors become RuntimeError
+// at this boundary, the only place exceptions are thrown.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+
+#include "cc/api.h"
+#include "cc/common.h"
+#include "cc/config.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void ThrowIfError(const tfring::Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.message());
+}
+
+tfring::Topology RequireTopology() {
+  if (!tfring::IsInitialized()) {
+    throw std::runtime_error(
+        "tfring has not been initialized; call tfring.init() before asking for the topology.");
+  }
+  return tfring::GetTopology();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Control API of tfring's C++ core (internal; use the tfring package).";
+
+  py::enum_<tfring::ReduceOp>(m, "ReduceOp", "Reduction ops; values match horovod.tensorflow.")
+      .value("Average", tfring::ReduceOp::kAverage)
+      .value("Sum", tfring::ReduceOp::kSum)
+      .value("Adasum", tfring::ReduceOp::kAdasum)
+      .value("Min", tfring::ReduceOp::kMin)
+      .value("Max", tfring::ReduceOp::kMax)
+      .value("Product", tfring::ReduceOp::kProduct);
+
+  py::enum_<tfring::DataType>(m, "DataType")
+      .value("uint8", tfring::DataType::kUInt8)
+      .value("int8", tfring::DataType::kInt8)
+      .value("uint16", tfring::DataType::kUInt16)
+      .value("int16", tfring::DataType::kInt16)
+      .value("int32", tfring::DataType::kInt32)
+      .value("int64", tfring::DataType::kInt64)
+      .value("float16", tfring::DataType::kFloat16)
+      .value("bfloat16", tfring::DataType::kBFloat16)
+      .value("float32", tfring::DataType::kFloat32)
+      .value("float64", tfring::DataType::kFloat64)
+      .value("bool", tfring::DataType::kBool);
+
+  m.def("reducible", &tfring::IsReducible,
+        "Whether allreduce supports the dtype (allgather and broadcast support all).");
+
+  m.def(
+      "init",
+      [](int64_t comm_fortran_handle) {
+        tfring::Status status;
+        {
+          py::gil_scoped_release release;
+          status = tfring::InitializeMpi(comm_fortran_handle);
+        }
+        ThrowIfError(status);
+      },
+      py::arg("comm_fortran_handle"),
+      "Starts the core over a duplicate of the MPI communicator (mpi4py comm.py2f()).");
+  m.def(
+      "shutdown",
+      [] {
+        tfring::Status status;
+        {
+          py::gil_scoped_release release;
+          status = tfring::Shutdown();
+        }
+        ThrowIfError(status);
+      },
+      "Stops the background thread in step with the other ranks.");
+  m.def("is_initialized", &tfring::IsInitialized);
+  m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
+  m.def("rank", [] { return RequireTopology().rank; });
+  m.def("size", [] { return RequireTopology().size; });
+  m.def("local_rank", [] { return RequireTopology().local_rank; });
+  m.def("local_size", [] { return RequireTopology().local_size; });
+  m.def("cross_rank", [] { return RequireTopology().cross_rank; });
+  m.def("cross_size", [] { return RequireTopology().cross_size; });
+  m.def("core_state_address",
+        [] { return reinterpret_cast<uintptr_t>(tfring::CoreStateAddress()); },
+        "Address of the process-wide core state (tests check it is shared).");
+  m.def(
+      "config",
+      [] {
+        py::list entries;
+        for (const tfring::ConfigEntry& entry : tfring::DescribeConfig(tfring::Config::Get())) {
+          py::dict item;
+          item["env"] = entry.env_name;
+          item["value"] = entry.value;
+          item["default"] = entry.default_value;
+          item["doc"] = entry.doc;
+          entries.append(item);
+        }
+        return entries;
+      },
+      "The effective TFRING_* configuration: env, value, default, doc for each knob.");
+}
