@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-command setup of a tfring development environment on a fresh machine.
+#
+#   1. creates .venv in the repo root (python3 -m venv) if it is missing;
+#   2. installs requirements-dev.txt (the Open MPI wheel, mpi4py, pybind11, ...)
+#      and a TensorFlow only if none is importable in the venv:
+#      ${TFRING_TF_PACKAGE:-tensorflow-cpu==2.21.0};
+#   3. installs tfring into the venv (pip install --no-build-isolation --no-deps .);
+#   4. builds the native libraries in the source tree too (setup.py build_ext
+#      --inplace), because `python -m pytest` run from the repo root imports
+#      tfring from the source tree, not from site-packages.
+#
+# Steps 3 and 4 share the object files in build/obj, so after the first run
+# only changed sources are recompiled. Re-running with nothing changed takes a
+# few seconds. Output is quiet; any failure prints the tool's own output.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { echo "[install] $*"; }
+PY=.venv/bin/python
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+if [[ ! -x "$PY" ]]; then
+  say "creating .venv with $(command -v python3)"
+  python3 -m venv .venv
+  "$PY" -m pip install -q --upgrade pip
+fi
+
+"$PY" -m pip install -q -r requirements-dev.txt
+
+if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("tensorflow") is None)'; then
+  tf_package="${TFRING_TF_PACKAGE:-tensorflow-cpu==2.21.0}"
+  say "no TensorFlow in .venv: installing $tf_package"
+  "$PY" -m pip install -q "$tf_package"
+fi
+
+say "building and installing tfring"
+# pip hides the build log unless the build fails; setup.py then explains.
+"$PY" -m pip install -q --no-build-isolation --no-deps .
+"$PY" setup.py -q build_ext --inplace
+say "done: $("$PY" -c 'import runpy; b = runpy.run_path("tfring/_build_info.py"); print("built against TensorFlow", b["TF_VERSION"], "and", b["MPI_COMPILER"])')"
