@@ -1,0 +1,188 @@
+# The registered gradients of Tfring>Allreduce (every reduce op, with scale
+# factors), Tfring>Allgather (different rows per rank, scalars) and
+# Tfring>Broadcast (every root), through tf.GradientTape eagerly and inside
+# tf.function, at any number of ranks.
+#
+# Rank r's loss is sum(w_r * y) with weights that depend on r, so the
+# incoming gradient differs between ranks and the expected input gradient
+# (a sum or average over ranks) is computed here in closed form.
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfring
+from tfring import ops
+
+MODES = ["eager", "function"]
+
+
+def _weights(shape, rank):
+    """The incoming gradient of rank `rank`: (rank + 1) * (1, 2, 3, ...)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    return (rank + 1.0) * (1.0 + np.arange(count)).reshape(shape)
+
+
+def _sum_of_weights(shape, size):
+    return sum(_weights(shape, r) for r in range(size))
+
+
+def _offsets(shape, rank, size):
+    count = int(np.prod(shape, dtype=np.int64))
+    return ((np.arange(count) + rank) % size).reshape(shape).astype(np.float64)
+
+
+def _gradient(forward, x, weights, mode):
+    """d sum(weights * forward(x)) / dx, eagerly or in a tf.function."""
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = forward(x)
+            loss = tf.reduce_sum(tf.cast(weights, y.dtype) * y)
+        return tape.gradient(loss, x)
+
+    if mode == "function":
+        run = tf.function(run)
+    return run(x).numpy()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op,prescale,postscale", [
+    ("Sum", 1.0, 1.0), ("Sum", 2.0, 3.0),
+    ("Average", 1.0, 1.0), ("Average", 2.0, 3.0)])
+def test_allreduce_sum_and_average(op, prescale, postscale, mode, rank, size):
+    shape = (2, 3)
+    x = tf.constant(_offsets(shape, rank, size))
+    grad = _gradient(
+        lambda t: ops.allreduce_op(t, getattr(tfring, op), prescale,
+                                   postscale),
+        x, _weights(shape, rank), mode)
+    expected = _sum_of_weights(shape, size) * prescale * postscale
+    if op == "Average":
+        expected /= size
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op,prescale,postscale", [
+    ("Min", 1.0, 1.0), ("Max", 1.0, 1.0), ("Min", 2.0, 0.5),
+    ("Max", -1.0, 3.0), ("Min", -2.0, 1.0)])
+def test_allreduce_min_max(op, prescale, postscale, mode, rank, size):
+    # Element i of rank r is 5 + (i + r) % size: exactly one rank holds each
+    # element's minimum (offset 0) and one its maximum (offset size - 1).
+    shape = (7,)
+    offsets = _offsets(shape, rank, size)
+    x = tf.constant(5.0 + offsets)
+    grad = _gradient(
+        lambda t: ops.allreduce_op(t, getattr(tfring, op), prescale,
+                                   postscale),
+        x, _weights(shape, rank), mode)
+    # A negative prescale turns the minimum of prescale * x into the maximum.
+    wants_min = (op == "Min") == (prescale > 0)
+    holder_offset = 0 if wants_min else size - 1
+    holds = (offsets == holder_offset).astype(np.float64)
+    expected = _sum_of_weights(shape, size) * holds * prescale * postscale
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_min_ties_share_the_gradient(mode, size):
+    shape = (3,)
+    x = tf.constant([1.0, 2.0, 3.0])  # the same on every rank
+    grad = _gradient(lambda t: ops.allreduce_op(t, tfring.Min), x,
+                     _weights(shape, 0), mode)
+    np.testing.assert_allclose(grad, _weights(shape, 0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("prescale,postscale", [(1.0, 1.0), (2.0, 0.5)])
+def test_allreduce_product(prescale, postscale, mode, rank, size):
+    shape = (2, 2)
+    inputs = [1.0 + _offsets(shape, r, size) for r in range(size)]
+    x = tf.constant(inputs[rank])
+    grad = _gradient(
+        lambda t: ops.allreduce_op(t, tfring.Product, prescale, postscale),
+        x, _weights(shape, rank), mode)
+    others = np.prod([prescale * inputs[q] for q in range(size) if q != rank],
+                     axis=0)
+    expected = (_sum_of_weights(shape, size) * prescale * postscale *
+                others)
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_float32_and_named(mode, rank, size):
+    x = tf.constant([1.0, float(rank)], tf.float32)
+    grad = _gradient(
+        lambda t: ops.allreduce_op(t, tfring.Average, name="named_grads"), x,
+        _weights((2,), rank), mode)
+    assert grad.dtype == np.float32
+    np.testing.assert_allclose(grad, _sum_of_weights((2,), size) / size,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather(mode, rank, size):
+    # Rank r contributes r + 1 rows of 2 columns.
+    rows = [r + 1 for r in range(size)]
+    total = sum(rows)
+    x = tf.fill([rows[rank], 2], float(rank))
+    # Rank s weighs row j of the gathered tensor with (s + 1) * (j + 1).
+    weights = (rank + 1.0) * np.repeat(np.arange(1.0, total + 1), 2).reshape(
+        total, 2)
+    grad = _gradient(ops.allgather_op, x, weights, mode)
+    mean_factor = (size + 1) / 2.0  # mean over s of (s + 1)
+    begin = sum(rows[:rank])
+    expected = mean_factor * np.repeat(
+        np.arange(begin + 1.0, begin + rows[rank] + 1), 2).reshape(-1, 2)
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_rank_without_rows(mode, rank, size):
+    x = tf.zeros([rank % 2, 3])
+    weights = np.ones([sum(r % 2 for r in range(size)), 3])
+    grad = _gradient(ops.allgather_op, x, weights, mode)
+    assert grad.shape == (rank % 2, 3)
+    np.testing.assert_allclose(grad, np.ones([rank % 2, 3]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_scalar(mode, rank, size):
+    x = tf.constant(float(rank))
+    weights = (rank + 1.0) * np.arange(1.0, size + 1)
+    grad = _gradient(ops.allgather_op, x, weights, mode)
+    assert grad.shape == ()
+    np.testing.assert_allclose(grad, (size + 1) / 2.0 * (rank + 1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_every_root(mode, rank, size):
+    shape = (3,)
+    x = tf.constant(np.full(shape, float(rank)))
+    for root_rank in range(size):
+        grad = _gradient(lambda t: ops.broadcast_op(t, root_rank), x,
+                         _weights(shape, rank), mode)
+        expected = (_sum_of_weights(shape, size) if rank == root_rank
+                    else np.zeros(shape))
+        np.testing.assert_allclose(grad, expected, rtol=1e-12,
+                                   err_msg=f"root {root_rank}")
+
+
+def test_gradient_through_a_variable_and_two_collectives(rank, size):
+    v = tf.Variable([1.0 + rank, 2.0])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            averaged = ops.allreduce_op(v, tfring.Average)
+            shared = ops.broadcast_op(averaged * averaged, 0)
+            loss = tf.reduce_sum(shared)
+        return tape.gradient(loss, v)
+
+    mean = np.mean([[1.0 + r, 2.0] for r in range(size)], axis=0)
+    # Every rank's loss is the root's sum(mean^2): the broadcast gradient is
+    # size * 2 * mean on the root and 0 elsewhere; the Average gradient
+    # averages that over the ranks.
+    expected = 2.0 * mean
+    np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6)

@@ -1,0 +1,241 @@
+# The ops in graphs: a tf.compat.v1 Session, and the naming rule of
+# tfring.ops.collective_ops (the name the kernel gives the core must be equal
+# on every rank and unique among concurrently running tensors): node names
+# prefixed with the tf.function's name, names that the kernel really uses,
+# two functions with identical bodies running at the same time in two
+# threads, control flow, nested functions, and names that do not depend on
+# how many functions a rank traced before.
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfring
+from tfring import ops
+
+
+def _collective_node_names(concrete_function):
+    return sorted(op.name for op in concrete_function.graph.get_operations()
+                  if op.type.startswith("Tfring>"))
+
+
+def test_compat_v1_session(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None])
+        summed = ops.allreduce_op(x, tfring.Sum)
+        gathered = ops.allgather_op(x)
+        shared = ops.broadcast_op(x, size - 1)
+        topology = [ops.size_op(), ops.rank_op()]
+        (grad,) = tf.gradients(tf.reduce_sum(summed * 2.0), x)
+        assert summed.op.name == "Tfring>Allreduce"  # no function prefix
+    with tf.compat.v1.Session(graph=graph) as session:
+        for step in range(2):
+            feed = {x: np.array([rank + step, 1.0], np.float32)}
+            s, g, b, t, d = session.run(
+                [summed, gathered, shared, topology, grad], feed_dict=feed)
+            ranks = np.arange(size, dtype=np.float32)
+            np.testing.assert_array_equal(
+                s, [ranks.sum() + size * step, size])
+            np.testing.assert_array_equal(
+                g, np.stack([ranks + step, np.ones(size)], 1).reshape(-1))
+            np.testing.assert_array_equal(b, [size - 1 + step, 1.0])
+            assert t == [size, rank]
+            np.testing.assert_array_equal(d, [2.0 * size] * 2)
+
+
+def test_compat_v1_session_names_and_v1_gradients(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant([1.0 + rank])
+        first = ops.allreduce_op(x, tfring.Average, name="loss")
+        second = ops.allreduce_op(x, tfring.Average, name="loss")
+        (grad,) = tf.gradients(first + second, x)
+        assert (first.op.name, second.op.name) == ("loss", "loss_1")
+    with tf.compat.v1.Session(graph=graph) as session:
+        f, s, g = session.run([first, second, grad])
+    mean = (size + 1) / 2.0
+    assert f.tolist() == [mean] and s.tolist() == [mean]
+    assert g.tolist() == [2.0]
+
+
+def test_function_nodes_are_prefixed_with_the_function_name():
+    x = tf.constant([1.0])
+
+    @tf.function
+    def train_step():
+        with tf.name_scope("dense"):
+            a = ops.allreduce_op(x, tfring.Sum)
+        b = ops.allreduce_op(x, tfring.Sum, name="loss")
+        return a + b + ops.allgather_op(x) + ops.broadcast_op(x, 0)
+
+    names = _collective_node_names(train_step.get_concrete_function())
+    assert names == ["train_step/Tfring>Allgather",
+                     "train_step/Tfring>Broadcast",
+                     "train_step/dense/Tfring>Allreduce",
+                     "train_step/loss"]
+
+
+def test_lambda_function_name_is_sanitized(size):
+    x = tf.constant([1.0])
+    run = tf.function(lambda: ops.allreduce_op(x, tfring.Sum))
+    assert _collective_node_names(run.get_concrete_function()) == [
+        "lambda_/Tfring>Allreduce"]
+    assert run().numpy().tolist() == [float(size)]
+
+
+def test_kernel_uses_the_prefixed_node_name(size):
+    # The broadcast kernel names its tensor in the root_rank error, which it
+    # raises before anything reaches the core.
+    x = tf.constant([1.0])
+
+    @tf.function
+    def first_step():
+        return ops.broadcast_op(x, size)
+
+    @tf.function
+    def second_step():
+        return ops.broadcast_op(x, size)
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="tensor 'first_step/Tfring>Broadcast'"):
+        first_step()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="tensor 'second_step/Tfring>Broadcast'"):
+        second_step()
+    # Eagerly the name is the `name` argument.
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="tensor 'eager_weights'"):
+        ops.broadcast_op(x, size, name="eager_weights")
+
+
+def test_two_functions_run_concurrently(rank, size):
+    # Identical bodies, so identical node names but for the prefix. Without
+    # it one name would be in flight twice on a rank.
+    x = tf.constant([1.0 + rank])
+
+    @tf.function
+    def first_step():
+        return ops.allreduce_op(x, tfring.Sum)
+
+    @tf.function
+    def second_step():
+        return ops.allreduce_op(x, tfring.Sum) * 2.0
+
+    expected = size * (size + 1) / 2.0
+    results = {"first": [], "second": []}
+    failures = []
+    start = threading.Barrier(2)
+
+    def loop(name, fn):
+        try:
+            start.wait()
+            for _ in range(25):
+                results[name].append(fn().numpy().tolist())
+        except Exception as e:  # reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=loop, args=("first", first_step)),
+               threading.Thread(target=loop, args=("second", second_step))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    assert results["first"] == [[expected]] * 25
+    assert results["second"] == [[2.0 * expected]] * 25
+
+
+def test_cond_and_while_loop_in_a_function(rank, size):
+    @tf.function
+    def loop_step(x):
+        x = tf.cond(x[0] >= 0.0,
+                    lambda: ops.allreduce_op(x, tfring.Max),
+                    lambda: x)
+
+        def body(i, acc):
+            return i + 1, ops.allreduce_op(acc, tfring.Sum) / float(size)
+
+        _, x = tf.while_loop(lambda i, acc: i < 3, body,
+                             [tf.constant(0), x], parallel_iterations=1)
+        return x
+
+    result = loop_step(tf.constant([float(rank), 2.0]))
+    assert result.numpy().tolist() == [size - 1.0, 2.0]
+
+
+def test_nested_functions(rank, size):
+    @tf.function
+    def inner(x):
+        return ops.allreduce_op(x, tfring.Sum)
+
+    @tf.function
+    def outer(x):
+        return inner(x) + ops.allreduce_op(x, tfring.Sum)
+
+    result = outer(tf.constant([1.0 + rank]))
+    assert result.numpy().tolist() == [size * (size + 1.0)]
+
+
+def test_names_do_not_depend_on_tracing_history(rank, size):
+    # Graph-name counters differ between ranks once one rank traces more
+    # functions; collective names must not contain them.
+    if rank == 0:
+        for k in range(3):
+            tf.function(lambda: tf.while_loop(
+                lambda i: i < k, lambda i: i + 1, [0]))()
+
+    @tf.function
+    def step(x):
+        return tf.while_loop(
+            lambda i, acc: i < 2,
+            lambda i, acc: (i + 1, ops.allreduce_op(acc, tfring.Max)),
+            [tf.constant(0), x])[1]
+
+    assert step(tf.constant([float(rank)])).numpy().tolist() == [size - 1.0]
+
+
+def test_retracing_keeps_names_stable(rank, size):
+    @tf.function
+    def step(x):
+        return ops.allreduce_op(x, tfring.Sum)
+
+    for shape in ([1], [2, 2], [1]):
+        result = step(tf.fill(shape, float(rank)))
+        np.testing.assert_array_equal(
+            result.numpy(), np.full(shape, size * (size - 1) / 2.0))
+
+
+def test_backward_function_names_do_not_depend_on_tracing_history(rank,
+                                                                  size):
+    # Differentiating a tf.function from an eager tape traces a backward
+    # function named `__backward_<name>_<counter>`; the gradient's
+    # collectives must not carry the counter.
+    if rank == 0:
+        for k in range(3):
+            tf.function(lambda: tf.constant(k))()
+
+    @tf.function
+    def forward(x):
+        return ops.allreduce_op(x, tfring.Sum)
+
+    x = tf.constant([1.0 + rank])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = forward(x)
+        loss = tf.reduce_sum(y * float(rank + 1))
+    grad = tape.gradient(loss, x)
+    assert grad.numpy().tolist() == [size * (size + 1) / 2.0]
+
+
+def test_graph_name_scopes():
+    from tfring.ops.collective_ops import _scope_for_graph_name
+    assert _scope_for_graph_name("train_step") == "train_step"
+    assert _scope_for_graph_name("<lambda>") == "lambda_"
+    assert (_scope_for_graph_name("__backward_train_step_1234")
+            == "backward_train_step")
+    assert (_scope_for_graph_name("__backward___forward_step_12_34")
+            == "backward___forward_step")
+    assert _scope_for_graph_name("___") == "function"

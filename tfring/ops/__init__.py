@@ -1,0 +1,25 @@
+"""tfring's TensorFlow ops: the native op library, thin wrappers, gradients.
+
+Importing this package loads `libtfring_ops.so` (after `tfring._core`, so
+both share one core) and registers the ops' gradients. The public API in
+`tfring` builds on the wrappers re-exported here.
+"""
+
+from tfring.ops.collective_ops import allgather_op
+from tfring.ops.collective_ops import allreduce_op
+from tfring.ops.collective_ops import broadcast_op
+from tfring.ops.collective_ops import local_rank_op
+from tfring.ops.collective_ops import local_size_op
+from tfring.ops.collective_ops import rank_op
+from tfring.ops.collective_ops import size_op
+from tfring.ops import gradients as _gradients  # Registers the gradients.
+
+__all__ = [
+    "allreduce_op",
+    "allgather_op",
+    "broadcast_op",
+    "size_op",
+    "rank_op",
+    "local_size_op",
+    "local_rank_op",
+]

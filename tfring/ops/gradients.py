@@ -1,0 +1,114 @@
+"""Gradients of tfring's collective ops, registered with TensorFlow.
+
+Why here and not in the public API: a gradient belongs to the op type, so
+tf.GradientTape and tf.gradients find it whichever wrapper created the op.
+
+Each gradient is itself a collective, so every rank must compute it, in the
+same graph position, under the same name. The names are derived from the
+forward op: eagerly from its `tensor_name` attribute (`<name>_grad`), in a
+graph from the gradient name scope TensorFlow opens for the forward op (see
+the naming rule in `tfring.ops.collective_ops`).
+
+Let rank r hold x_r and y = reduce(x_0, ..., x_{n-1}) be the result every rank
+receives, and g_s the incoming gradient of y on rank s. Then
+dL/dx_r = sum_s g_s * dy/dx_r, which gives:
+
+* Sum / Average: allreduce of g with the same op and scale factors.
+* Min / Max: sum_s g_s, given to the ranks whose x_r is the extremum (split
+  evenly between tied ranks), times prescale * postscale.
+* Product: sum_s g_s * postscale * prescale * prod_{q != r} (prescale * x_q).
+* Allgather: row block r of the average of the gathered gradient.
+* Broadcast: sum_s g_s on the root rank, zero elsewhere.
+"""
+
+import tensorflow as tf
+
+from tfring import _core
+from tfring.ops.collective_ops import allgather_op
+from tfring.ops.collective_ops import allreduce_op
+from tfring.ops.collective_ops import rank_op
+
+_AVERAGE = int(_core.ReduceOp.Average)
+_SUM = int(_core.ReduceOp.Sum)
+_MIN = int(_core.ReduceOp.Min)
+_MAX = int(_core.ReduceOp.Max)
+_PRODUCT = int(_core.ReduceOp.Product)
+
+
+def _gradient_name(op, suffix):
+    """`<forward name>_<suffix>` eagerly; None (TF's scoped name) in graphs."""
+    if not tf.executing_eagerly():
+        # The gradient name scope already carries the forward op's scope,
+        # and TensorFlow uniquifies node names within the graph.
+        return None
+    tensor_name = op.get_attr("tensor_name")
+    if isinstance(tensor_name, bytes):
+        tensor_name = tensor_name.decode("utf-8")
+    return f"{tensor_name}_{suffix}" if tensor_name else None
+
+
+def _scale(dtype, factor):
+    return tf.constant(factor, dtype=dtype)
+
+
+@tf.RegisterGradient("Tfring>Allreduce")
+def _allreduce_grad(op, grad):
+    reduce_op = op.get_attr("reduce_op")
+    prescale = op.get_attr("prescale_factor")
+    postscale = op.get_attr("postscale_factor")
+    if reduce_op in (_SUM, _AVERAGE):
+        return allreduce_op(grad, reduce_op, prescale, postscale,
+                            name=_gradient_name(op, "grad"))
+
+    x = op.inputs[0]
+    summed = allreduce_op(grad, _SUM, name=_gradient_name(op, "grad"))
+    chain = _scale(grad.dtype, prescale * postscale)
+    if reduce_op in (_MIN, _MAX):
+        # Which ranks hold the extremum: compare x with the extremum of the
+        # unscaled inputs (exact, unlike comparing with the scaled output). A
+        # negative prescale turns the minimum of prescale * x into the
+        # maximum of x.
+        extremum_op = reduce_op
+        if prescale < 0:
+            extremum_op = _MAX if reduce_op == _MIN else _MIN
+        extremum = allreduce_op(x, extremum_op,
+                                name=_gradient_name(op, "grad_extremum"))
+        holds = tf.cast(tf.equal(x, extremum), grad.dtype)
+        holders = allreduce_op(holds, _SUM,
+                               name=_gradient_name(op, "grad_holders"))
+        return summed * holds / holders * chain
+    if reduce_op == _PRODUCT:
+        gathered = allgather_op(tf.expand_dims(x, 0),
+                                name=_gradient_name(op, "grad_inputs"))
+        rank = rank_op()
+        others = tf.concat([gathered[:rank], gathered[rank + 1:]], axis=0)
+        product_of_others = tf.reduce_prod(
+            others * _scale(x.dtype, prescale), axis=0)
+        return summed * tf.cast(product_of_others, grad.dtype) * chain
+    raise ValueError(
+        f"tfring cannot differentiate an allreduce with reduce_op "
+        f"{reduce_op}; gradients exist for Average, Sum, Min, Max and "
+        "Product.")
+
+
+@tf.RegisterGradient("Tfring>Allgather")
+def _allgather_grad(op, grad):
+    x = op.inputs[0]
+    averaged = allreduce_op(grad, _AVERAGE, name=_gradient_name(op, "grad"))
+    rank = rank_op()
+    if x.shape.rank == 0:
+        # Scalars were gathered one per rank.
+        return tf.gather(averaged, rank)
+    # This rank's rows start after the rows of all lower ranks.
+    rows = allgather_op(tf.shape(x, out_type=tf.int64)[:1],
+                        name=_gradient_name(op, "grad_rows"))
+    begin = tf.reduce_sum(rows[:rank])
+    return tf.reshape(averaged[begin:begin + rows[rank]], tf.shape(x))
+
+
+@tf.RegisterGradient("Tfring>Broadcast")
+def _broadcast_grad(op, grad):
+    root_rank = op.get_attr("root_rank")
+    summed = allreduce_op(grad, _SUM, name=_gradient_name(op, "grad"))
+    return tf.where(tf.equal(rank_op(), root_rank), summed,
+                    tf.zeros_like(summed))

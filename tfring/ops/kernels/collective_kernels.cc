@@ -1,0 +1,241 @@
+// CPU kernels of Tfring>Allreduce, Tfring>Allgather and Tfring>Broadcast.
+//
+// Why asynchronous kernels: the communication happens on the core's single
+// background thread, possibly fused with other tensors, after every rank has
+// submitted the same tensor name. A kernel only validates, prepares the output
+// buffer, describes the tensor to the core and returns; the core's callback
+// finishes the op. TensorFlow's executor threads never block on the network.
+//
+// Every path through ComputeAsync ends in exactly one call of `done`: either
+// here (an error before or from Enqueue) or in the core's callback (which the
+// core calls exactly once after a successful Enqueue). The OpKernelContext
+// stays valid until `done` runs, so the callbacks may capture it.
+//
+// Each kernel is registered once without a type constraint: it never touches
+// element values itself, and the op definitions already restrict T to the
+// types the core supports.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cc/api.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tfring/ops/kernels/dtype_conversion.h"
+#include "tfring/ops/kernels/kernel_errors.h"
+#include "tfring/ops/kernels/status_conversion.h"
+
+namespace tfring {
+namespace tf_ops {
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+// What the three collectives share: the cross-rank tensor name, the request
+// fields that describe the input, and the hand-off to the core.
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  CollectiveKernel(OpKernelConstruction* context, CollectiveType type,
+                   const char* type_name)
+      : AsyncOpKernel(context), type_(type), type_name_(type_name) {
+    std::string tensor_name;
+    OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name));
+    // Empty in graphs (and unnamed eager calls): the node name is unique in
+    // the graph and identical on every rank running the same program.
+    tensor_name_ = tensor_name.empty() ? name() : tensor_name;
+  }
+
+ protected:
+  // "allreduce of tensor 'x'", for error messages.
+  std::string Describe() const {
+    return std::string(type_name_) + " of tensor '" + tensor_name_ + "'";
+  }
+
+  absl::Status CheckInitialized() const {
+    if (IsInitialized()) return absl::OkStatus();
+    return NotInitializedError(Describe());
+  }
+
+  // Name, type, dtype and shape of `input`; the caller adds op-specific
+  // fields.
+  absl::Status DescribeInput(const Tensor& input, Request* request) const {
+    request->name = tensor_name_;
+    request->type = type_;
+    TF_RETURN_IF_ERROR(ToCoreDataType(input.dtype(), &request->dtype));
+    request->shape.clear();
+    for (int i = 0; i < input.dims(); ++i) {
+      request->shape.push_back(input.dim_size(i));
+    }
+    return absl::OkStatus();
+  }
+
+  // Hands the tensor to the core. On success the core calls back exactly
+  // once; on failure the core does not, so `done` is called here.
+  static void EnqueueOrFail(OpKernelContext* context, Request request,
+                            TensorBuffers buffers, DoneCallback done) {
+    ::tfring::Status status = Enqueue(
+        std::move(request), std::move(buffers),
+        [context, done](const ::tfring::Status& result) {
+          context->SetStatus(ToTfStatus(result));
+          done();
+        });
+    if (!status.ok()) {
+      context->SetStatus(ToTfStatus(status));
+      done();
+    }
+  }
+
+ private:
+  const CollectiveType type_;
+  const char* const type_name_;
+  std::string tensor_name_;
+};
+
+class AllreduceKernel : public CollectiveKernel {
+ public:
+  explicit AllreduceKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context, CollectiveType::kAllreduce, "allreduce") {
+    int32_t reduce_op = 0;
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
+    switch (static_cast<ReduceOp>(reduce_op)) {
+      case ReduceOp::kAverage:
+      case ReduceOp::kSum:
+      case ReduceOp::kMin:
+      case ReduceOp::kMax:
+      case ReduceOp::kProduct:
+        break;
+      default:
+        OP_REQUIRES(
+            context, false,
+            absl::InvalidArgumentError(
+                "allreduce: reduce_op " + std::to_string(reduce_op) +
+                " is not supported. Use tfring.Average (0), tfring.Sum (1), "
+                "tfring.Min (3), tfring.Max (4) or tfring.Product (5)."));
+    }
+    reduce_op_ = static_cast<ReduceOp>(reduce_op);
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("prescale_factor", &prescale_factor_));
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("postscale_factor", &postscale_factor_));
+  }
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(context, CheckInitialized(), done);
+    const Tensor& input = context->input(0);
+    Request request;
+    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
+    request.reduce_op = reduce_op_;
+    request.prescale_factor = prescale_factor_;
+    request.postscale_factor = postscale_factor_;
+
+    // Reuse the input buffer when TensorFlow allows it: the core reduces in
+    // place when input == output.
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(context,
+                         context->forward_input_or_allocate_output(
+                             {0}, 0, input.shape(), &output),
+                         done);
+    TensorBuffers buffers;
+    buffers.input = input.data();
+    buffers.output = output->data();
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done));
+  }
+
+ private:
+  ReduceOp reduce_op_ = ReduceOp::kSum;
+  float prescale_factor_ = 1.0f;
+  float postscale_factor_ = 1.0f;
+};
+
+class AllgatherKernel : public CollectiveKernel {
+ public:
+  explicit AllgatherKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context, CollectiveType::kAllgather, "allgather") {}
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(context, CheckInitialized(), done);
+    const Tensor& input = context->input(0);
+    Request request;
+    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
+    // The shape goes to the core unchanged: it gathers a scalar as one row
+    // (the output has one element per rank) and rejects a mix of scalars and
+    // vectors.
+
+    TensorBuffers buffers;
+    buffers.input = input.data();
+    // Only the core knows every rank's first dimension; it asks for the
+    // output once they are negotiated.
+    buffers.allocate_output = [context](const std::vector<int64_t>& shape,
+                                        void** data) -> ::tfring::Status {
+      TensorShape output_shape;
+      absl::Status status =
+          TensorShape::BuildTensorShape(shape, &output_shape);
+      if (!status.ok()) return FromTfStatus(status);
+      Tensor* output = nullptr;
+      status = context->allocate_output(0, output_shape, &output);
+      if (!status.ok()) return FromTfStatus(status);
+      *data = output->data();
+      return ::tfring::Status::OK();
+    };
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done));
+  }
+};
+
+class BroadcastKernel : public CollectiveKernel {
+ public:
+  explicit BroadcastKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context, CollectiveType::kBroadcast, "broadcast") {
+    OP_REQUIRES_OK(context, context->GetAttr("root_rank", &root_rank_));
+  }
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(context, CheckInitialized(), done);
+    const int32_t size = GetTopology().size;
+    OP_REQUIRES_ASYNC(
+        context, root_rank_ >= 0 && root_rank_ < size,
+        absl::InvalidArgumentError(
+            Describe() + ": root_rank " + std::to_string(root_rank_) +
+            " is not a rank of this job (size " + std::to_string(size) +
+            ", ranks 0.." + std::to_string(size - 1) +
+            "). Pass the rank that holds the values to send."),
+        done);
+    const Tensor& input = context->input(0);
+    Request request;
+    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
+    request.root_rank = root_rank_;
+
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(context,
+                         context->forward_input_or_allocate_output(
+                             {0}, 0, input.shape(), &output),
+                         done);
+    TensorBuffers buffers;
+    buffers.input = input.data();
+    buffers.output = output->data();
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done));
+  }
+
+ private:
+  int32_t root_rank_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Tfring>Allreduce").Device(tensorflow::DEVICE_CPU), AllreduceKernel);
+REGISTER_KERNEL_BUILDER(
+    Name("Tfring>Allgather").Device(tensorflow::DEVICE_CPU), AllgatherKernel);
+REGISTER_KERNEL_BUILDER(
+    Name("Tfring>Broadcast").Device(tensorflow::DEVICE_CPU), BroadcastKernel);
+
+}  // namespace
+}  // namespace tf_ops
+}  // namespace tfring

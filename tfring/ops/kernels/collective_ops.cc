@@ -1,0 +1,93 @@
+// Op definitions (names, attributes, shape functions) of the tfring ops.
+//
+// Why a separate file: an op's interface is what graphs, SavedModels and the
+// Python wrappers depend on; the kernels behind it may change (CPU now, GPU
+// later) without touching this file.
+//
+// The collectives are deliberately NOT stateful. tf.function adds automatic
+// control dependencies between stateful ops in program order, which would
+// serialise every allreduce of a training step and defeat tensor fusion.
+// Consequences, identical on every rank and therefore safe for cross-rank
+// matching: a collective whose result is unused is pruned, two identical
+// collectives on the same input may be merged, and a collective of a
+// constant may be constant-folded. The topology ops (Size, Rank, ...) are
+// stateful so they are never folded into a graph before tfring.init().
+#include "absl/status/status.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tfring {
+namespace tf_ops {
+namespace {
+
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+// Allgather concatenates along the first dimension, whose size on the other
+// ranks is only known at run time. A scalar gathers to a vector of one
+// element per rank.
+absl::Status AllgatherShape(InferenceContext* c) {
+  ShapeHandle input = c->input(0);
+  if (!c->RankKnown(input)) {
+    c->set_output(0, c->UnknownShape());
+    return absl::OkStatus();
+  }
+  if (c->Rank(input) == 0) {
+    c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+    return absl::OkStatus();
+  }
+  ShapeHandle output;
+  TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, c->UnknownDim(), &output));
+  c->set_output(0, output);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("Tfring>Allreduce")
+    .Input("tensor: T")
+    .Output("output: T")
+    .Attr("T: {uint8, int8, int32, int64, half, bfloat16, float, double}")
+    // A tfring ReduceOp value: Average=0, Sum=1, Min=3, Max=4, Product=5.
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    // Cross-rank identity of the tensor; empty means the node name.
+    .Attr("tensor_name: string = ''")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_OP("Tfring>Allgather")
+    .Input("tensor: T")
+    .Output("output: T")
+    .Attr(
+        "T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, "
+        "double, bool}")
+    .Attr("tensor_name: string = ''")
+    .SetShapeFn(AllgatherShape);
+
+REGISTER_OP("Tfring>Broadcast")
+    .Input("tensor: T")
+    .Output("output: T")
+    .Attr(
+        "T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, "
+        "double, bool}")
+    .Attr("root_rank: int")
+    .Attr("tensor_name: string = ''")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+#define TFRING_REGISTER_TOPOLOGY_OP(op_name, output_name) \
+  REGISTER_OP(op_name)                                    \
+      .Output(output_name ": int32")                      \
+      .SetIsStateful()                                    \
+      .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>Size", "size");
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>Rank", "rank");
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>LocalSize", "local_size");
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>LocalRank", "local_rank");
+
+#undef TFRING_REGISTER_TOPOLOGY_OP
+
+}  // namespace tf_ops
+}  // namespace tfring
