@@ -564,7 +564,7 @@ setup(
     cmdclass={"build_ext": build_ext},
     # TensorFlow is deliberately absent: users pick tensorflow, tensorflow-cpu or
     # tensorflow[and-cuda], and tfring is built against whichever is installed.
-    install_requires=["numpy", "mpi4py"],
+    install_requires=["numpy", "mpi4py", "cloudpickle"],
     entry_points={"console_scripts": ["tfringrun = tfring.runner:main"]},
     zip_safe=False,
 )

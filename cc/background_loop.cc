@@ -41,6 +41,7 @@ void BackgroundLoop::Run() {
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   Clock::time_point next_round = Clock::now();
   Status stop_reason;
+  bool stopped_by_failure = false;  // stopped by a failure rather than a shutdown
   while (true) {
     // New work wakes the thread at once; otherwise rounds run every cycle so
     // this rank answers the rounds other ranks start.
@@ -53,12 +54,14 @@ void BackgroundLoop::Run() {
     if (!status.ok()) {
       stop_reason = Status::Aborted("tfring stopped: communication with the other ranks failed (" +
                                     status.message() + ")");
+      stopped_by_failure = true;
       break;
     }
     status = executor_.Execute(outcome.responses, queue_);
     if (!status.ok()) {
       stop_reason = Status::Aborted("tfring stopped: a collective failed (" + status.message() +
                                     ")");
+      stopped_by_failure = true;
       break;
     }
     if (outcome.shutdown) {
@@ -68,9 +71,14 @@ void BackgroundLoop::Run() {
       break;
     }
   }
-  if (!shutdown_requested_.load()) TFRING_LOG(kWarning, stop_reason.message());
   exit_status_ = stop_reason;
-  for (TensorEntry& entry : queue_->Close(stop_reason)) entry.done(stop_reason);
+  std::vector<TensorEntry> cancelled = queue_->Close(stop_reason);
+  // A coordinated shutdown with nothing pending is the normal end of a job.
+  if (!cancelled.empty() || stopped_by_failure) {
+    TFRING_LOG(kWarning, stop_reason.message() << " (" << cancelled.size()
+                                               << " collectives cancelled on this rank)");
+  }
+  for (TensorEntry& entry : cancelled) entry.done(stop_reason);
   running_ = false;
 }
 

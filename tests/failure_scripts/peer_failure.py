@@ -1,0 +1,51 @@
+"""One rank fails while another waits in a collective; run by test_failures.py.
+
+Usage: peer_failure.py <mode>
+  exception: the last rank raises an uncaught exception (Python exits, its
+             atexit hook shuts tfring down); rank 0 must get AbortedError
+             naming that rank.
+  kill:      the last rank SIGKILLs itself; mpirun must end the job.
+  stall:     the last rank submits 'late_tensor' 3 s after the others; with
+             TFRING_STALL_CHECK_TIME_SECONDS=1 rank 0 warns who is missing,
+             then the collective completes.
+"""
+import os
+import signal
+import sys
+import time
+
+import tensorflow as tf
+
+import tfring as hvd
+
+mode = sys.argv[1]
+hvd.init()
+last = hvd.size() - 1
+# A first collective proves every rank is up before one of them fails.
+hvd.allreduce(tf.constant(1.0), name="warmup")
+
+if mode == "stall":
+    if hvd.rank() == last:
+        time.sleep(3)
+    result = hvd.allreduce(tf.constant(2.0), op=hvd.Sum, name="late_tensor")
+    print(f"rank {hvd.rank()} STALL_DONE {float(result)}", flush=True)
+    sys.exit(0)
+
+if hvd.rank() == last:
+    time.sleep(1)  # let the others block in the collective below
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError("deliberate failure on the last rank")
+
+start = time.monotonic()
+try:
+    hvd.allreduce(tf.constant(1.0), name="never_completed")
+    print(f"rank {hvd.rank()} UNEXPECTED_SUCCESS", flush=True)
+except tf.errors.AbortedError as error:
+    print(f"rank {hvd.rank()} ABORTED after {time.monotonic() - start:.2f} s: {error.message}",
+          flush=True)
+    # Later collectives fail fast with a clear message instead of hanging.
+    try:
+        hvd.allreduce(tf.constant(1.0), name="after_abort")
+    except (tf.errors.OpError, ValueError) as later:
+        print(f"rank {hvd.rank()} LATER_FAILS_FAST: {later}", flush=True)

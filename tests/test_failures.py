@@ -1,0 +1,58 @@
+"""A failing rank must never hang the job: real processes under mpirun.
+
+Each case starts a 2- or 3-rank job in which the last rank fails while the
+others wait in a collective, and asserts the survivors report the documented
+error within a bound (or mpirun ends the job), never a hang.
+"""
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpi_launch import launch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "tests" / "failure_scripts" / "peer_failure.py")
+JOB_TIMEOUT_S = 120
+SURVIVOR_BOUND_S = 10.0
+
+
+def _run(mode, ranks, extra_env=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2",
+               **(extra_env or {}))
+    return launch([sys.executable, SCRIPT, mode], ranks, timeout=JOB_TIMEOUT_S,
+                  env=env, cwd=str(ROOT))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_uncaught_exception_on_one_rank_aborts_the_others(ranks):
+    result = _run("exception", ranks)
+    assert not result.timed_out, result.describe()
+    last = ranks - 1
+    for rank in range(last):
+        match = re.search(rf"rank {rank} ABORTED after ([0-9.]+) s: (.*)", result.output)
+        assert match, result.describe()
+        assert float(match.group(1)) < SURVIVOR_BOUND_S, result.describe()
+        assert f"rank {last} shut down" in match.group(2), result.describe()
+        assert "tfring.init()" in match.group(2), result.describe()
+        assert f"rank {rank} LATER_FAILS_FAST" in result.output, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_killed_rank_ends_the_job(ranks):
+    result = _run("kill", ranks)
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output
+
+
+def test_stall_warning_names_missing_rank_then_completes():
+    result = _run("stall", 3, {"TFRING_STALL_CHECK_TIME_SECONDS": "1"})
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    assert re.search(r"rank 2: 'late_tensor'", result.output), result.describe()
+    assert "Missing:" in result.output, result.describe()
+    for rank in range(3):
+        assert f"rank {rank} STALL_DONE 6.0" in result.output, result.describe()

@@ -1,0 +1,47 @@
+# tfring: Horovod-style distributed training for TensorFlow 2 / Keras 3.
+# A script written for horovod.tensorflow runs after changing its import to
+# `import tfring as hvd`. This file only re-exports; each concern lives in its
+# own module (basics, collectives, compression, functions, tape, ops).
+
+from tfring.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from tfring.collectives import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allreduce,
+    broadcast,
+    grouped_allreduce,
+)
+from tfring.compression import Compression
+from tfring.functions import (
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_variables,
+)
+from tfring.ops import local_rank_op, local_size_op, rank_op, size_op
+from tfring.tape import DistributedGradientTape

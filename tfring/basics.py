@@ -1,0 +1,227 @@
+# Process lifecycle and topology: init(), shutdown() and the rank/size queries.
+#
+# Why this file exists: it is the one place that talks to MPI from Python.
+# init() imports mpi4py (which initialises MPI), turns the caller's
+# communicator into a Fortran handle and starts the core's background thread
+# through tfring._core; an atexit hook stops that thread before mpi4py
+# finalises MPI, so a script that never calls shutdown() still exits cleanly.
+# Topology functions raise ValueError before init(), as Horovod's do.
+
+import atexit
+import numbers
+import sys
+
+from tfring import _core
+from tfring import errors
+
+_state = {
+    "atexit_registered": False,
+    # True after shutdown(), so later calls can say "shut down" rather
+    # than "not initialized".
+    "shut_down": False,
+}
+
+
+def _check_ranks(ranks, world_size):
+    ranks = list(ranks)
+    if not ranks:
+        raise ValueError(
+            "tfring.init(comm=[]) received an empty list of ranks. Expected "
+            "a list of distinct MPI_COMM_WORLD ranks, e.g. comm=[0, 1]. Pass "
+            "the ranks that should take part, or comm=None for all of them.")
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+            raise TypeError(
+                f"tfring.init(comm={ranks!r}) received a rank of type "
+                f"{type(r).__name__}. Expected integers in [0, {world_size}). "
+                "Pass a list of ints, or an mpi4py communicator.")
+        if not 0 <= r < world_size:
+            raise ValueError(
+                f"tfring.init(comm={ranks!r}) received rank {r}, outside "
+                f"MPI_COMM_WORLD (size {world_size}). Expected ranks in "
+                f"[0, {world_size}). Launch more processes (mpirun -np N) or "
+                "remove that rank from the list.")
+    if len(set(int(r) for r in ranks)) != len(ranks):
+        raise ValueError(
+            f"tfring.init(comm={ranks!r}) received a rank more than once. "
+            "Expected distinct ranks. Remove the duplicates.")
+    return [int(r) for r in ranks]
+
+
+def _communicator_from_ranks(MPI, ranks):
+    """A new communicator over `ranks` of COMM_WORLD (the caller frees it)."""
+    world = MPI.COMM_WORLD
+    ranks = _check_ranks(ranks, world.Get_size())
+    if world.Get_rank() not in ranks:
+        raise ValueError(
+            f"tfring.init(comm={ranks!r}) was called on MPI_COMM_WORLD rank "
+            f"{world.Get_rank()}, which is not in that list. Expected every "
+            "process that calls tfring.init(comm=ranks) to be one of the "
+            "ranks. Call tfring.init() only on the listed ranks, or add this "
+            "rank to the list.")
+    world_group = world.Get_group()
+    group = world_group.Incl(ranks)
+    try:
+        # Collective over the members of `group` only: the ranks left out
+        # never reach this line.
+        return world.Create_group(group)
+    finally:
+        group.Free()
+        world_group.Free()
+
+
+def init(comm=None):
+    """Initializes tfring and starts its background thread.
+
+    Args:
+      comm: None for MPI_COMM_WORLD; an mpi4py communicator (tfring
+        duplicates it, so its traffic never matches yours); or a list of
+        MPI_COMM_WORLD ranks to build a communicator from (every listed rank
+        must call init() with the same list).
+
+    Calling init() again while initialized does nothing.
+    """
+    from mpi4py import MPI  # Importing mpi4py.MPI initialises MPI.
+
+    owned = None
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    elif isinstance(comm, (list, tuple, range)):
+        comm = owned = _communicator_from_ranks(MPI, comm)
+    elif not isinstance(comm, MPI.Comm):
+        raise TypeError(
+            f"tfring.init(comm=...) received a {type(comm).__name__}. "
+            "Expected None, an mpi4py communicator (e.g. MPI.COMM_WORLD."
+            "Split(...)) or a list of MPI_COMM_WORLD ranks. Pass one of "
+            "those.")
+    if comm == MPI.COMM_NULL:
+        raise ValueError(
+            "tfring.init(comm=MPI.COMM_NULL) received a null communicator. "
+            "Expected a communicator that contains this process. Pass the "
+            "communicator returned on this rank by Split/Create, or None.")
+    if comm.Is_inter():
+        raise ValueError(
+            "tfring.init(comm=...) received an intercommunicator. Expected an "
+            "intracommunicator. Merge it first (comm.Merge()).")
+    try:
+        _core.init(comm.py2f())
+    finally:
+        if owned is not None:
+            owned.Free()  # The core holds its own duplicate.
+    _state["shut_down"] = False
+    if not _state["atexit_registered"]:
+        # Registered after mpi4py's own exit hook (imported above), so it runs
+        # first: the background thread stops before MPI is finalised.
+        atexit.register(_shutdown_at_exit)
+        _state["atexit_registered"] = True
+
+
+def shutdown():
+    """Stops the background thread on every rank; pending collectives fail.
+
+    Safe to call more than once, and before init().
+    """
+    if not _core.is_initialized():
+        return
+    _core.shutdown()
+    _state["shut_down"] = True
+
+
+def _shutdown_at_exit():
+    try:
+        shutdown()
+    except Exception as e:  # Exiting anyway: report, don't raise.
+        print(f"tfring: shutdown at exit failed: {e}", file=sys.stderr)
+
+
+def is_initialized():
+    """Whether init() has been called (and shutdown() has not)."""
+    return bool(_core.is_initialized())
+
+
+def _check_initialized(api_name):
+    if not _core.is_initialized():
+        raise errors.not_initialized(api_name, _state["shut_down"])
+
+
+def size():
+    """The number of processes taking part."""
+    _check_initialized("tfring.size()")
+    return _core.size()
+
+
+def rank():
+    """This process's rank, in [0, size())."""
+    _check_initialized("tfring.rank()")
+    return _core.rank()
+
+
+def local_size():
+    """The number of processes on this host."""
+    _check_initialized("tfring.local_size()")
+    return _core.local_size()
+
+
+def local_rank():
+    """This process's rank among the processes on this host."""
+    _check_initialized("tfring.local_rank()")
+    return _core.local_rank()
+
+
+def cross_size():
+    """The number of hosts that have a process with this local_rank()."""
+    _check_initialized("tfring.cross_size()")
+    return _core.cross_size()
+
+
+def cross_rank():
+    """This host's index among the hosts in cross_size()."""
+    _check_initialized("tfring.cross_rank()")
+    return _core.cross_rank()
+
+
+def mpi_threads_supported():
+    """Whether MPI provides MPI_THREAD_MULTIPLE (so mpi4py calls are safe
+    alongside tfring's background thread)."""
+    _check_initialized("tfring.mpi_threads_supported()")
+    return bool(_core.mpi_threads_supported())
+
+
+def mpi_built():
+    """tfring always communicates over MPI."""
+    return True
+
+
+def mpi_enabled():
+    """Whether MPI is in use now (True once initialized)."""
+    return is_initialized()
+
+
+def nccl_built():
+    """Whether tfring was built with NCCL (never, for now)."""
+    from tfring import _build_info
+    return getattr(_build_info, "NCCL_BUILT", False)
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False

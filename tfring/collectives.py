@@ -1,0 +1,355 @@
+# allreduce, grouped_allreduce, allgather and broadcast: the Python face of the
+# collectives, with Horovod's signatures and defaults.
+#
+# Why this layer exists: it is thin but strict. Everything a user can get
+# wrong on one rank alone (not initialized, an unknown or unsupported op, a
+# dtype the core cannot reduce, a root_rank outside [0, size), a bad scale
+# factor) is caught here, before any C++ runs, with a message that says how
+# to fix it. What needs every rank's view (shapes, dtypes, ops differing
+# across ranks) is the core's job and surfaces as
+# tf.errors.FailedPreconditionError. The data itself never passes through
+# Python: each function only builds TensorFlow ops from tfring.ops.
+
+import numbers
+import warnings
+
+import tensorflow as tf
+
+from tfring import _core
+from tfring import basics
+from tfring import errors
+from tfring import ops as _ops
+from tfring.compression import Compression
+
+# Reduction ops. The values come from the core's enum (one source for C++ and
+# Python) and equal horovod.tensorflow's.
+Average = _core.ReduceOp.Average
+Sum = _core.ReduceOp.Sum
+Adasum = _core.ReduceOp.Adasum
+Min = _core.ReduceOp.Min
+Max = _core.ReduceOp.Max
+Product = _core.ReduceOp.Product
+
+# The public functions are plain graph builders without tensor-dependent
+# Python control flow, so AutoGraph need not convert them when they are
+# called inside a user's tf.function (converting re-reads their source).
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+# What the op kernels accept (their registered type constraints are the
+# authority; tests check that these sets and the kernels agree).
+ALLREDUCE_DTYPES = frozenset([
+    tf.uint8, tf.int8, tf.int32, tf.int64,
+    tf.float16, tf.bfloat16, tf.float32, tf.float64,
+])
+GATHER_BROADCAST_DTYPES = ALLREDUCE_DTYPES | frozenset(
+    [tf.uint16, tf.int16, tf.bool])
+
+
+def _dtype_names(dtypes):
+    return ", ".join(sorted(d.name for d in dtypes))
+
+
+def _op_names():
+    return {int(v): k for k, v in _core.ReduceOp.__members__.items()}
+
+
+def reduce_op_value(op, api_name):
+    """The integer value of a reduce op (enum member or int), validated."""
+    if isinstance(op, bool) or not isinstance(
+            op, (numbers.Integral, _core.ReduceOp)):
+        raise TypeError(
+            f"{api_name} received op={op!r} of type {type(op).__name__}. "
+            "Expected one of tfring.Average, tfring.Sum, tfring.Min, "
+            "tfring.Max, tfring.Product. Pass one of those constants.")
+    value = int(op)
+    names = _op_names()
+    if value not in names:
+        raise ValueError(
+            f"{api_name} received op={value}, which is not a reduce op. "
+            f"Expected one of {sorted(names.items())} (value, name). Pass "
+            "one of tfring.Average, tfring.Sum, tfring.Min, tfring.Max, "
+            "tfring.Product.")
+    if value == int(Adasum):
+        raise errors.UnsupportedOperationError(
+            f"{api_name} received op=tfring.Adasum, which tfring does not "
+            "implement. Expected tfring.Average, tfring.Sum, tfring.Min, "
+            "tfring.Max or tfring.Product. Use op=tfring.Average (the "
+            "default) for gradient averaging.")
+    return value
+
+
+def reduce_op_name(value):
+    return _op_names().get(int(value), str(value))
+
+
+def resolve_op(op, average, api_name):
+    """Horovod's rules for the deprecated `average`; the default is Average."""
+    if op is not None:
+        if average is not None:
+            raise ValueError(
+                f"{api_name} received both op={op!r} and average={average!r}. "
+                "Expected only one of them; `op` supersedes the deprecated "
+                "`average`. Drop `average=`.")
+        return reduce_op_value(op, api_name)
+    if average is not None:
+        warnings.warn(
+            "The `average` argument is deprecated; use op=tfring.Average or "
+            "op=tfring.Sum instead.", DeprecationWarning, stacklevel=3)
+        return int(Average if average else Sum)
+    return int(Average)
+
+
+def check_scale_factor(value, arg, api_name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{api_name} received {arg}={value!r} of type "
+            f"{type(value).__name__}. Expected a Python number (it becomes "
+            "an attribute of the op, the same on every step). Pass a float, "
+            f"e.g. {arg}=1.0.")
+    return float(value)
+
+
+def check_root_rank(root_rank, api_name):
+    if isinstance(root_rank, bool) or not isinstance(root_rank,
+                                                     numbers.Integral):
+        raise TypeError(
+            f"{api_name} received root_rank={root_rank!r} of type "
+            f"{type(root_rank).__name__}. Expected a Python int in "
+            f"[0, tfring.size()). Pass an int, e.g. root_rank=0.")
+    n = basics.size()
+    if not 0 <= root_rank < n:
+        raise ValueError(
+            f"{api_name} received root_rank={int(root_rank)}, but there are "
+            f"only {n} ranks (tfring.size() == {n}). Expected a rank in "
+            f"[0, {n}). Pass a root_rank between 0 and {n - 1}, e.g. "
+            "root_rank=0.")
+    return int(root_rank)
+
+
+def _describe(tensor, name):
+    if name:
+        return f" (tensor '{name}')"
+    if not tf.executing_eagerly():
+        try:
+            return f" (tensor '{tensor.name}')"
+        except (AttributeError, ValueError):
+            pass
+    return ""
+
+
+def check_dtype(tensor, allowed, api_name, name=None):
+    if tensor.dtype.base_dtype not in allowed:
+        raise TypeError(
+            f"{api_name} received a {tensor.dtype.name} tensor"
+            f"{_describe(tensor, name)}, which it does not support. Expected "
+            f"one of: {_dtype_names(allowed)}. Cast it first, e.g. "
+            "tf.cast(tensor, tf.float32).")
+
+
+def _check_slices_op(op, api_name):
+    if op not in (int(Sum), int(Average)):
+        raise ValueError(
+            f"{api_name} received a tf.IndexedSlices with "
+            f"op=tfring.{reduce_op_name(op)}. Expected op=tfring.Sum or "
+            "tfring.Average for IndexedSlices (they are reduced by gathering "
+            "values and indices). Convert it to a dense tensor first with "
+            "tf.convert_to_tensor(slices), or pass sparse_as_dense=True to "
+            "DistributedGradientTape.")
+
+
+def _scale(values, factor):
+    """values * factor in values' dtype (integers: truncated toward zero)."""
+    if factor == 1.0:
+        return values
+    if values.dtype.is_floating:
+        return values * tf.cast(factor, values.dtype)
+    return tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
+
+
+def _suffixed(name, suffix):
+    return None if name is None else f"{name}_{suffix}"
+
+
+def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name,
+                      device_sparse):
+    # A sum of IndexedSlices is the concatenation of every rank's slices
+    # (repeated indices add up when the slices are applied or densified).
+    with tf.device(device_sparse):
+        values = _ops.allgather_op(slices.values,
+                                   name=_suffixed(name, "values"))
+        indices = _ops.allgather_op(slices.indices,
+                                    name=_suffixed(name, "indices"))
+        factor = prescale_factor * postscale_factor
+        if op == int(Average):
+            factor /= basics.size()
+        values = _scale(values, factor)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
+                     compression, device_dense):
+    with tf.device(device_dense):
+        compressed, ctx = compression.compress(tensor)
+        reduced = _ops.allreduce_op(compressed, op,
+                                    prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor,
+                                    name=name)
+        return compression.decompress(reduced, ctx)
+
+
+def _prepare_reduce_input(tensor, op, api_name, name=None):
+    """Validated input: an IndexedSlices as it is, anything else a tensor."""
+    if isinstance(tensor, tf.IndexedSlices):
+        _check_slices_op(op, api_name)
+        check_dtype(tensor.values, ALLREDUCE_DTYPES, api_name, name)
+        return tensor
+    tensor = tf.convert_to_tensor(tensor)
+    check_dtype(tensor, ALLREDUCE_DTYPES, api_name, name)
+    return tensor
+
+
+@_do_not_convert
+def allreduce(tensor, average=None, device_dense='', device_sparse='',
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None):
+    """Reduces `tensor` over all ranks; every rank gets the result.
+
+    Args:
+      tensor: a tf.Tensor, tf.Variable, array-like, or tf.IndexedSlices. Its
+        shape and dtype must be the same on every rank.
+      average: deprecated; use `op`.
+      device_dense, device_sparse: devices for the dense and the
+        IndexedSlices paths ('' leaves placement to TensorFlow).
+      compression: Compression.none or Compression.fp16 (dense tensors only).
+      op: Average (default), Sum, Min, Max or Product. Average is a sum
+        scaled by 1/size(); for integer dtypes the core rounds the scaled
+        result toward zero.
+      prescale_factor, postscale_factor: multiply the input before and the
+        result after the reduction (in the core, in the tensor's dtype).
+      name: the key that matches this tensor across ranks (optional; see the
+        README on names).
+
+    Returns:
+      A tensor like `tensor` (or a tf.IndexedSlices for IndexedSlices input:
+      the values and indices of every rank concatenated, values scaled by
+      1/size() for Average; only Sum and Average are allowed there).
+    """
+    api_name = "tfring.allreduce()"
+    op = resolve_op(op, average, api_name)
+    basics._check_initialized(api_name)
+    prescale_factor = check_scale_factor(prescale_factor, "prescale_factor",
+                                         api_name)
+    postscale_factor = check_scale_factor(postscale_factor,
+                                          "postscale_factor", api_name)
+    tensor = _prepare_reduce_input(tensor, op, api_name, name)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_slices(tensor, op, prescale_factor,
+                                 postscale_factor, name, device_sparse)
+    return _allreduce_dense(tensor, op, prescale_factor, postscale_factor,
+                            name, compression, device_dense)
+
+
+def _grouped_body(tensors, op, prescale_factor, postscale_factor,
+                  compression, device_dense, device_sparse):
+    results = []
+    for t in tensors:
+        if isinstance(t, tf.IndexedSlices):
+            results.append(_allreduce_slices(t, op, prescale_factor,
+                                             postscale_factor, None,
+                                             device_sparse))
+        else:
+            results.append(_allreduce_dense(t, op, prescale_factor,
+                                            postscale_factor, None,
+                                            compression, device_dense))
+    return results
+
+
+# Eager grouped_allreduce runs its ops inside one tf.function so that they are
+# all submitted to the core at once (and fused) instead of one after another.
+# One function per configuration; TensorFlow caches traces per input shapes.
+_grouped_functions = {}
+
+
+def _grouped_function(op, prescale_factor, postscale_factor, compression,
+                      device_dense, device_sparse):
+    key = (op, prescale_factor, postscale_factor, compression, device_dense,
+           device_sparse)
+
+    def body(tensors):
+        return _grouped_body(tensors, op, prescale_factor, postscale_factor,
+                             compression, device_dense, device_sparse)
+
+    try:
+        fn = _grouped_functions.get(key)
+    except TypeError:  # An unhashable custom compressor: no caching.
+        return tf.function(body, reduce_retracing=True, autograph=False)
+    if fn is None:
+        fn = _grouped_functions[key] = tf.function(
+            body, reduce_retracing=True, autograph=False)
+    return fn
+
+
+@_do_not_convert
+def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
+                      compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """allreduce() of a list of tensors, submitted together.
+
+    Same arguments as allreduce() (applied to every tensor). Eagerly, the
+    reductions run inside one tf.function, so the core receives them in one
+    burst and fuses them. Returns a list in the order of `tensors`.
+    """
+    api_name = "tfring.grouped_allreduce()"
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(
+            f"{api_name} received a {type(tensors).__name__}. Expected a list "
+            "or tuple of tensors. Pass a list, or use tfring.allreduce() for "
+            "one tensor.")
+    op = resolve_op(op, average, api_name)
+    basics._check_initialized(api_name)
+    prescale_factor = check_scale_factor(prescale_factor, "prescale_factor",
+                                         api_name)
+    postscale_factor = check_scale_factor(postscale_factor,
+                                          "postscale_factor", api_name)
+    if not tensors:
+        return []
+    tensors = [_prepare_reduce_input(t, op, api_name) for t in tensors]
+    if tf.executing_eagerly():
+        fn = _grouped_function(op, prescale_factor, postscale_factor,
+                               compression, device_dense, device_sparse)
+        return list(fn(tensors))
+    return _grouped_body(tensors, op, prescale_factor, postscale_factor,
+                         compression, device_dense, device_sparse)
+
+
+@_do_not_convert
+def allgather(tensor, name=None, device_dense='', device_sparse=''):
+    """Concatenates every rank's `tensor` along the first dimension.
+
+    The first dimension may differ across ranks; the others, the rank and the
+    dtype must match. A scalar counts as one row. Returns the concatenation
+    in rank order.
+    """
+    api_name = "tfring.allgather()"
+    basics._check_initialized(api_name)
+    if isinstance(tensor, tf.IndexedSlices):
+        raise TypeError(
+            f"{api_name} received a tf.IndexedSlices. Expected a dense "
+            "tensor. Gather its .values and .indices separately, or use "
+            "tfring.allreduce(slices, op=tfring.Sum).")
+    tensor = tf.convert_to_tensor(tensor)
+    check_dtype(tensor, GATHER_BROADCAST_DTYPES, api_name, name)
+    with tf.device(device_dense):
+        return _ops.allgather_op(tensor, name=name)
+
+
+@_do_not_convert
+def broadcast(tensor, root_rank, name=None, device_dense='', device_sparse=''):
+    """Every rank gets root_rank's `tensor` (same shape and dtype on all)."""
+    api_name = "tfring.broadcast()"
+    basics._check_initialized(api_name)
+    root_rank = check_root_rank(root_rank, api_name)
+    tensor = tf.convert_to_tensor(tensor)
+    check_dtype(tensor, GATHER_BROADCAST_DTYPES, api_name, name)
+    with tf.device(device_dense):
+        return _ops.broadcast_op(tensor, root_rank, name=name)

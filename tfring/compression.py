@@ -1,0 +1,56 @@
+# Gradient compression applied around an allreduce: compress, reduce, restore.
+#
+# Why: halving the bytes on the wire (float32 -> float16) roughly halves the
+# communication time of bandwidth-bound steps, at the cost of precision. The
+# interface (Compression.none / Compression.fp16, each with compress() and
+# decompress() static methods) is Horovod's, so scripts that pass a
+# compressor keep working.
+
+import tensorflow as tf
+
+
+class Compressor:
+    """compress(tensor) -> (tensor, ctx); decompress(tensor, ctx) -> tensor."""
+
+    @staticmethod
+    def compress(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends float32/float64 tensors as float16; other dtypes as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype in (tf.float32, tf.float64):
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        if ctx is None:
+            return tensor
+        return tf.cast(tensor, ctx)
+
+
+class Compression:
+    """The compressors to pass as `compression=`."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

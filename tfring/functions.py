@@ -1,0 +1,133 @@
+# Higher-level helpers built on the collectives: make every rank start from
+# root's variables, and exchange arbitrary picklable Python objects.
+#
+# Why: training starts from one rank's initial weights (or checkpoint), and
+# small pieces of Python state (epoch counters, configs, metrics) must be
+# shared without each script re-inventing serialisation over tensors.
+
+import io
+
+import numpy as np
+import tensorflow as tf
+
+from tfring import basics
+from tfring import collectives
+
+try:  # cloudpickle also handles lambdas and local classes, like Horovod.
+    import cloudpickle as _pickle
+except ImportError:
+    import pickle as _pickle
+
+
+def _assign_broadcast(variables, root_rank):
+    return tf.group(*[
+        v.assign(collectives.broadcast(v, root_rank)) for v in variables])
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast_variables(variables, root_rank):
+    """Assigns root_rank's values to `variables` on every rank.
+
+    Works eagerly (the broadcasts run together inside one tf.function), inside
+    tf.function, and in tf.compat.v1 graphs (returns the op to run). Every
+    rank must pass the same variables in the same order.
+    """
+    api_name = "tfring.broadcast_variables()"
+    basics._check_initialized(api_name)
+    collectives.check_root_rank(root_rank, api_name)
+    variables = list(variables)
+    if tf.executing_eagerly():
+        if variables:
+            @tf.function(autograph=False)
+            def assign_all():
+                _assign_broadcast(variables, root_rank)
+
+            assign_all()
+        return None
+    return _assign_broadcast(variables, root_rank)
+
+
+def _to_numpy(tensor, session, api_name):
+    if tf.executing_eagerly():
+        return tensor.numpy()
+    if tf.inside_function():
+        raise RuntimeError(
+            f"{api_name} was called inside a tf.function. It needs the "
+            "values right away to (un)pickle the object. Call it outside "
+            "tf.function.")
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise RuntimeError(
+            f"{api_name} was called in graph mode without a session. It "
+            "needs a tf.compat.v1.Session to run the collectives. Pass "
+            "session=sess or call it inside `with sess.as_default():`.")
+    return session.run(tensor)
+
+
+def _dumps(obj):
+    buffer = io.BytesIO()
+    _pickle.dump(obj, buffer)
+    return np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+
+
+def _loads(byte_array):
+    return _pickle.loads(np.asarray(byte_array, dtype=np.uint8).tobytes())
+
+
+def _names(name, *suffixes):
+    return [None if name is None else f"{name}_{s}" for s in suffixes]
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None):
+    """Returns root_rank's `obj` on every rank (pickled, then broadcast).
+
+    `obj` is ignored on the other ranks. `name`, if given, must be the same
+    on every rank. `session` is only for tf.compat.v1 graph mode.
+    """
+    api_name = "tfring.broadcast_object()"
+    basics._check_initialized(api_name)
+    root_rank = collectives.check_root_rank(root_rank, api_name)
+    size_name, bytes_name = _names(name, "size", "bytes")
+    is_root = basics.rank() == root_rank
+    payload = _dumps(obj) if is_root else None
+    # First the length, so the other ranks can allocate the receive buffer.
+    length = np.array([payload.size if is_root else 0], dtype=np.int64)
+    length = _to_numpy(
+        collectives.broadcast(length, root_rank, name=size_name), session,
+        api_name)
+    buffer = payload if is_root else np.zeros(int(length[0]), dtype=np.uint8)
+    received = _to_numpy(
+        collectives.broadcast(buffer, root_rank, name=bytes_name), session,
+        api_name)
+    return obj if is_root else _loads(received)
+
+
+def allgather_object(obj, session=None, name=None):
+    """Returns the list of every rank's `obj`, in rank order.
+
+    `name`, if given, must be the same on every rank. `session` is only for
+    tf.compat.v1 graph mode.
+    """
+    api_name = "tfring.allgather_object()"
+    basics._check_initialized(api_name)
+    size_name, bytes_name = _names(name, "sizes", "bytes")
+    payload = _dumps(obj)
+    lengths = _to_numpy(
+        collectives.allgather(np.array([payload.size], dtype=np.int64),
+                              name=size_name), session, api_name)
+    gathered = _to_numpy(
+        collectives.allgather(payload, name=bytes_name), session, api_name)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return [_loads(gathered[offsets[i]:offsets[i + 1]])
+            for i in range(len(lengths))]
+
+
+def broadcast_global_variables(root_rank):
+    """tf.compat.v1 graphs: broadcast_variables() of all global variables."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "tfring.broadcast_global_variables() was called eagerly; it is "
+            "for tf.compat.v1 graphs, where global variables exist. Use "
+            "tfring.broadcast_variables(model.variables, root_rank) "
+            "instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -1,0 +1,216 @@
+# DistributedGradientTape: a tf.GradientTape whose gradient() returns the
+# gradients averaged (or otherwise reduced) over all ranks.
+#
+# Why composition: the wrapper holds the user's tape and forwards to it,
+# instead of building a subclass of the tape's class at run time. The user's
+# tape keeps recording; only gradient() adds the reduction, which submits all
+# gradients of one call together (grouped_allreduce) so the core can fuse
+# them. Everything else (watch, stop_recording, reset, jacobian, `with`) is
+# the wrapped tape's own behaviour.
+
+import numbers
+import warnings
+
+import tensorflow as tf
+
+from tfring import collectives
+from tfring.compression import Compression
+
+
+def _split_evenly(items, num_groups):
+    """Splits `items` into `num_groups` contiguous, nearly equal parts."""
+    quotient, remainder = divmod(len(items), num_groups)
+    parts, start = [], 0
+    for i in range(num_groups):
+        end = start + quotient + (1 if i < remainder else 0)
+        if end > start:
+            parts.append(items[start:end])
+        start = end
+    return parts
+
+
+def _check_groups(groups, num_groups, api_name):
+    if num_groups != 0:
+        warnings.warn("`num_groups` is deprecated; use `groups`.",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return None
+    if (isinstance(groups, numbers.Integral) and not isinstance(groups, bool)
+            and groups > 0):
+        return int(groups)
+    if isinstance(groups, (list, tuple)) and all(
+            isinstance(g, (list, tuple)) for g in groups):
+        return [list(g) for g in groups]
+    raise ValueError(
+        f"{api_name} received groups={groups!r}. Expected a positive int or "
+        "a list of lists of variables. Pass e.g. groups=2, or groups=None "
+        "for a single group.")
+
+
+def _reduce_parts(grads, parts, reduce_args):
+    """One grouped_allreduce per part; returns the reduced `grads`."""
+    out = list(grads)
+    for part in parts:
+        reduced = collectives.grouped_allreduce([grads[p] for p in part],
+                                                **reduce_args)
+        for p, g in zip(part, reduced):
+            out[p] = g
+    return out
+
+
+# Eagerly, all reductions of one gradient() call run inside one tf.function,
+# so they reach the core together. Scripts usually wrap a new tape every
+# step, so the functions are shared by all tapes with the same arguments
+# (a new function per tape would be traced again on every step).
+_eager_reduce_functions = {}
+
+
+def _eager_reduce_function(reduce_args):
+    def reduce(grads, parts):
+        return _reduce_parts(grads, parts, reduce_args)
+
+    try:
+        key = tuple(sorted(reduce_args.items()))
+        fn = _eager_reduce_functions.get(key)
+    except TypeError:  # An unhashable custom compressor: no sharing.
+        return tf.function(reduce, reduce_retracing=True, autograph=False)
+    if fn is None:
+        fn = _eager_reduce_functions[key] = tf.function(
+            reduce, reduce_retracing=True, autograph=False)
+    return fn
+
+
+class DistributedGradientTape:
+    """Wraps a tf.GradientTape so that gradient() reduces over all ranks.
+
+    Usage (as with horovod.tensorflow):
+
+        with tf.GradientTape() as tape:
+            loss = ...
+        tape = tfring.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+
+    or `with tfring.DistributedGradientTape(tf.GradientTape()) as tape:`.
+
+    Args:
+      gradtape: the tf.GradientTape to wrap.
+      device_dense, device_sparse, compression: as for tfring.allreduce().
+      sparse_as_dense: convert IndexedSlices gradients to dense tensors
+        before reducing (better for embedding gradients that touch most
+        rows).
+      op: Average (default), Sum, Min, Max or Product.
+      gradient_predivide_factor: with op=Average, divide gradients by this
+        factor before the sum and by size()/factor after it (the same
+        average; other rounding and overflow behaviour).
+      num_groups: deprecated; use groups.
+      groups: None (all gradients in one call), an int (split them into that
+        many calls) or a list of lists of variables (one call per list;
+        variables in no list are reduced alone).
+
+    Any attribute other than gradient() and `with` is the wrapped tape's.
+    """
+
+    def __init__(self, gradtape, device_dense='', device_sparse='',
+                 compression=Compression.none, sparse_as_dense=False,
+                 op=collectives.Average, gradient_predivide_factor=1.0,
+                 num_groups=0, groups=None):
+        api_name = "tfring.DistributedGradientTape()"
+        if isinstance(gradtape, DistributedGradientTape):
+            raise TypeError(
+                f"{api_name} received a tape that is already a "
+                "DistributedGradientTape. Expected a tf.GradientTape. Wrap "
+                "the original tape once.")
+        op = collectives.reduce_op_value(op, api_name)
+        factor = collectives.check_scale_factor(
+            gradient_predivide_factor, "gradient_predivide_factor", api_name)
+        if factor != 1.0 and op != int(collectives.Average):
+            raise ValueError(
+                f"{api_name} received gradient_predivide_factor={factor} "
+                f"with op=tfring.{collectives.reduce_op_name(op)}. Expected "
+                "op=tfring.Average: the factor splits the averaging. Drop "
+                "the factor or use op=tfring.Average.")
+        if factor == 0.0:
+            raise ValueError(
+                f"{api_name} received gradient_predivide_factor=0. Expected "
+                "a non-zero factor (gradients are divided by it). Use 1.0 "
+                "for no predivision.")
+        self._tape = gradtape
+        self._groups = _check_groups(groups, num_groups, api_name)
+        self._sparse_as_dense = sparse_as_dense
+        self._reduce_args = dict(
+            device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, op=op)
+        if op == int(collectives.Average):
+            # Horovod's split of the average: divide by f before the sum and
+            # multiply by f after it; the core's Average adds the 1/size.
+            self._reduce_args.update(prescale_factor=1.0 / factor,
+                                     postscale_factor=factor)
+        self._eager_reduce = _eager_reduce_function(self._reduce_args)
+
+    @tf.autograph.experimental.do_not_convert
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """The wrapped tape's gradients, reduced over all ranks.
+
+        A gradient that is None (source not connected to target) stays None;
+        every rank must then have None for that source too.
+        """
+        grads = self._tape.gradient(
+            target, sources, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients)
+        flat_grads = tf.nest.flatten(grads)
+        if self._sparse_as_dense:
+            flat_grads = [
+                tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
+                else g for g in flat_grads]
+        present = [i for i, g in enumerate(flat_grads) if g is not None]
+        parts = self._partition(present, tf.nest.flatten(sources))
+        present_grads = [flat_grads[i] for i in present]
+        if tf.executing_eagerly():
+            reduced = self._eager_reduce(present_grads, parts)
+        else:
+            reduced = _reduce_parts(present_grads, parts, self._reduce_args)
+        out = list(flat_grads)
+        for i, g in zip(present, reduced):
+            out[i] = g
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def _partition(self, present, sources):
+        """Positions in `present`, split into the calls to make (a tuple of
+        tuples, so it can key a tf.function trace)."""
+        positions = list(range(len(present)))
+        if self._groups is None:
+            parts = [positions]
+        elif isinstance(self._groups, int):
+            parts = _split_evenly(positions, self._groups)
+        else:
+            group_of = {}
+            for g, group in enumerate(self._groups):
+                for v in group:
+                    group_of[id(v)] = g
+            parts = [[] for _ in self._groups]
+            alone = []
+            for p, i in enumerate(present):
+                g = group_of.get(id(sources[i]))
+                if g is None:
+                    alone.append([p])
+                else:
+                    parts[g].append(p)
+            parts = [p for p in parts if p] + alone
+        return tuple(tuple(p) for p in parts if p)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        return self._tape.__exit__(exc_type, exc_value, traceback)
+
+    def __getattr__(self, name):
+        # Called only for names the wrapper itself lacks. The guard keeps a
+        # half-built object (no _tape yet) from recursing forever.
+        if name == "_tape":
+            raise AttributeError(name)
+        return getattr(self._tape, name)
