@@ -1,5 +1,6 @@
 #include "cc/background_loop.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "cc/logging.h"
@@ -39,6 +40,11 @@ void BackgroundLoop::Run() {
   using Clock = std::chrono::steady_clock;
   const auto cycle = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  // Work this rank submitted but the others have not (yet) is usually only
+  // microseconds behind on the other ranks: retry soon rather than a whole
+  // cycle later. The retry cannot spin: a round completes only when every
+  // rank joins it.
+  const auto pending_retry = std::min<Clock::duration>(cycle, std::chrono::microseconds(50));
   Clock::time_point next_round = Clock::now();
   Status stop_reason;
   bool stopped_by_failure = false;  // stopped by a failure rather than a shutdown
@@ -46,7 +52,6 @@ void BackgroundLoop::Run() {
     // New work wakes the thread at once; otherwise rounds run every cycle so
     // this rank answers the rounds other ranks start.
     queue_->WaitForWork(next_round);
-    next_round = Clock::now() + cycle;
 
     RoundOutcome outcome;
     Status status =
@@ -64,6 +69,7 @@ void BackgroundLoop::Run() {
       stopped_by_failure = true;
       break;
     }
+    next_round = Clock::now() + (controller_.num_pending() > 0 ? pending_retry : cycle);
     if (outcome.shutdown) {
       stop_reason = Status::Aborted("tfring was shut down: " + outcome.shutdown_reason +
                                     ". Collectives still pending were cancelled; call "

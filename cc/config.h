@@ -29,6 +29,9 @@ namespace tfring {
   X(int64_t, direct_threshold, "TFRING_DIRECT_THRESHOLD", 1024 * 1024,          \
     "Allreduces of at least this many bytes skip the fusion buffer and go "    \
     "straight from input to output (no copies).")                              \
+  X(int64_t, output_pool_bytes, "TFRING_OUTPUT_POOL_BYTES", 512LL * 1024 * 1024,     \
+    "Bytes of freed collective outputs the TensorFlow ops keep for reuse, so "   \
+    "each step's large outputs do not pay for fresh pages. 0 disables reuse.")   \
   X(double, stall_check_time_s, "TFRING_STALL_CHECK_TIME_SECONDS", 60.0,        \
     "Seconds a tensor may wait for other ranks before rank 0 warns which "     \
     "ranks are missing it. 0 disables the warning.")                           \

@@ -122,6 +122,8 @@ Status MpiTransport::Wait(MPI_Request* request, const char* what) {
   // Poll without sleeping briefly (the answer is usually microseconds away),
   // then back off so an idle rank costs little CPU.
   constexpr int kBusyPolls = 200;
+  // The longest a completed round can go unnoticed; also bounds idle wake-ups.
+  constexpr int kMaxNapMicroseconds = 100;
   int polls = 0;
   std::chrono::microseconds nap(10);
   while (true) {
@@ -130,7 +132,7 @@ Status MpiTransport::Wait(MPI_Request* request, const char* what) {
     if (done) return Status::OK();
     if (++polls > kBusyPolls) {
       std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(200));
+      nap = std::min(nap * 2, std::chrono::microseconds(kMaxNapMicroseconds));
     }
   }
 }

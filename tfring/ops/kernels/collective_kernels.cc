@@ -26,6 +26,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tfring/ops/kernels/dtype_conversion.h"
 #include "tfring/ops/kernels/kernel_errors.h"
+#include "tfring/ops/kernels/output_buffer_pool.h"
 #include "tfring/ops/kernels/status_conversion.h"
 
 namespace tfring {
@@ -138,10 +139,9 @@ class AllreduceKernel : public CollectiveKernel {
     // Reuse the input buffer when TensorFlow allows it: the core reduces in
     // place when input == output.
     Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(context,
-                         context->forward_input_or_allocate_output(
-                             {0}, 0, input.shape(), &output),
-                         done);
+    OP_REQUIRES_OK_ASYNC(
+        context, ForwardOrAllocateOutput(context, 0, 0, input.shape(), &output),
+        done);
     TensorBuffers buffers;
     buffers.input = input.data();
     buffers.output = output->data();
@@ -180,7 +180,7 @@ class AllgatherKernel : public CollectiveKernel {
           TensorShape::BuildTensorShape(shape, &output_shape);
       if (!status.ok()) return FromTfStatus(status);
       Tensor* output = nullptr;
-      status = context->allocate_output(0, output_shape, &output);
+      status = AllocatePooledOutput(context, 0, output_shape, &output);
       if (!status.ok()) return FromTfStatus(status);
       *data = output->data();
       return ::tfring::Status::OK();
@@ -214,10 +214,9 @@ class BroadcastKernel : public CollectiveKernel {
     request.root_rank = root_rank_;
 
     Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(context,
-                         context->forward_input_or_allocate_output(
-                             {0}, 0, input.shape(), &output),
-                         done);
+    OP_REQUIRES_OK_ASYNC(
+        context, ForwardOrAllocateOutput(context, 0, 0, input.shape(), &output),
+        done);
     TensorBuffers buffers;
     buffers.input = input.data();
     buffers.output = output->data();
