@@ -489,7 +489,13 @@ class build_ext(_setuptools_build_ext):
         tf_cflags = []
         for flag in tf["compile"]:
             tf_cflags.append("-isystem" + flag[2:] if flag.startswith("-I") else flag)
-        kernel_jobs = [CompileJob(s, [*common, *tf_cflags], slow=True)
+        # The XLA kernels include tf2xla/XLA headers, which include two
+        # third-party libraries TensorFlow ships under include/external/ but
+        # does not put on its own include path.
+        xla_cflags = ["-isystem" + os.path.join(tf["include"], "external", d)
+                      for d in ("highwayhash", os.path.join("farmhash_archive", "src"))]
+        kernel_jobs = [CompileJob(s, [*common, *tf_cflags, *(
+            xla_cflags if s.startswith("tfring/ops/kernels/xla_") else [])], slow=True)
                        for s in kernel_sources]
         if not kernel_sources:
             log("skipping the op library: no tfring/ops/kernels/*.cc")
@@ -528,9 +534,14 @@ class build_ext(_setuptools_build_ext):
             ops_rpath = runpath(final_pkg / "ops", tf["lib"],
                                 extra=["$ORIGIN/..", "$ORIGIN/../../tensorflow"])
             objs = [j.obj for j in kernel_jobs]
+            # The XLA kernels (tfring/ops/kernels/xla_*.cc) use XLA and tf2xla
+            # symbols, which TensorFlow exports from libtensorflow_cc (already
+            # loaded by `import tensorflow`), not from libtensorflow_framework.
+            tf_cc = ["-l:libtensorflow_cc.so.2"] if any(
+                s.startswith("tfring/ops/kernels/xla_") for s in kernel_sources) else []
             linked |= link(ops, [*objs, core], [
                 cxx, "-shared", "-o", str(ops), *map(str, objs), *links_core,
-                *tf["link"], "-Wl,--enable-new-dtags",
+                *tf["link"], *tf_cc, "-Wl,--enable-new-dtags",
                 f"-Wl,-rpath,{':'.join(ops_rpath)}"])
             check_core_imports(ops, core)
             outputs[ops] = dest_root / "tfring" / "ops" / "libtfring_ops.so"

@@ -38,13 +38,16 @@ def broadcast_variables(variables, root_rank):
     variables = list(variables)
     if tf.executing_eagerly():
         if variables:
-            @tf.function(autograph=False)
-            def assign_all():
-                _assign_broadcast(variables, root_rank)
-
-            assign_all()
+            _assign_broadcast_in_function(variables, root_rank)
         return None
     return _assign_broadcast(variables, root_rank)
+
+
+# Eager calls run the broadcasts together in one function, traced once per
+# distinct list of variable shapes and root rank (not once per call).
+@tf.function(autograph=False)
+def _assign_broadcast_in_function(variables, root_rank):
+    _assign_broadcast(variables, root_rank)
 
 
 def _to_numpy(tensor, session, api_name):

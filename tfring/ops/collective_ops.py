@@ -39,6 +39,13 @@ concurrently, one concrete function running in several threads at once, or a
 `tf.while_loop` with `parallel_iterations > 1` whose iterations overlap, can
 put one name in flight twice; the core then fails the second tensor with an
 error naming it.
+
+XLA. Inside tf.function(jit_compile=True) or a Keras model compiled with
+jit_compile=True, allreduce and broadcast are compiled to XLA custom calls
+on the CPU (kernels/xla_kernels.cc, kernels/xla_custom_calls.cc), under the
+same node names. Allgather cannot be compiled (its output shape is known
+only at run time): allgather_op raises a ValueError naming jit_compile=False
+while the function is traced.
 """
 
 import re
@@ -46,6 +53,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import control_flow_util
 from tensorflow.python.ops import control_flow_v2_func_graphs
 
 from tfring.ops.loader import load_ops_library
@@ -123,6 +131,32 @@ def _create_collective(op_fn, tensor, name, **attrs):
         return op_fn(tensor, tensor_name="", name=name, **attrs)
 
 
+def in_xla_compilation():
+    """Whether ops created now will be compiled by XLA.
+
+    True inside tf.function(jit_compile=True), Keras' train/test/predict
+    functions after model.compile(..., jit_compile=True), and any function
+    or control-flow body traced from inside them.
+    """
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+
+
+def _reject_under_xla(what, why):
+    """Raises at trace time if `what` is being built into an XLA program."""
+    if not in_xla_compilation():
+        return
+    raise ValueError(
+        f"tfring cannot compile {what} with XLA: {why} This function is being "
+        "compiled with XLA (tf.function(jit_compile=True), or a Keras model "
+        "compiled with jit_compile=True or jit_compile='auto' on a GPU). "
+        "tfring's allreduce, grouped_allreduce and broadcast work under XLA "
+        "on CPU; allgather does not. Compile this function without XLA: "
+        "tf.function(..., jit_compile=False) or "
+        "model.compile(..., jit_compile=False).")
+
+
 def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
                  postscale_factor=1.0, name=None):
     """Reduces `tensor` element-wise over all ranks; all get the result.
@@ -157,7 +191,19 @@ def allgather_op(tensor, name=None):
 
     Returns:
       A tensor whose first dimension is the sum over ranks.
+
+    Raises:
+      ValueError: when traced into an XLA-compiled function (see
+        xla_kernels.cc).
     """
+    _reject_under_xla(
+        "allgather" + (f" of tensor '{name}'" if name else ""),
+        "its output's first dimension is the sum of every rank's, known only "
+        "when the program runs, and XLA needs all shapes when it compiles. "
+        "tfring also allgathers the tf.IndexedSlices gradients of "
+        "embeddings (pass sparse_as_dense=True to DistributedGradientTape / "
+        "DistributedOptimizer to allreduce them densely instead) and uses "
+        "allgather in the gradient of a Product allreduce.")
     return _create_collective(_ops_library.tfring_allgather, tensor, name)
 
 
