@@ -45,3 +45,4 @@ from tfring.functions import (
 )
 from tfring.ops import local_rank_op, local_size_op, rank_op, size_op
 from tfring.tape import DistributedGradientTape
+from tfring.keras.optimizer import DistributedOptimizer

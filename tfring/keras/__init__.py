@@ -1,14 +1,22 @@
-# tfring.keras: the Keras-facing namespace (horovod.tensorflow.keras's place).
-# For now it re-exports the basics and collectives; DistributedOptimizer,
-# callbacks and load_model come with the Keras issue.
+# tfring.keras: the Keras 3 face of tfring (horovod.tensorflow.keras's
+# place). This file only re-exports, except for the collectives below,
+# which follow horovod.tensorflow.keras: they take Python/NumPy values and,
+# eagerly, return NumPy arrays. `callbacks` is imported on first use.
 
+import importlib
+
+import tensorflow as tf
+
+import tfring as _tfring
 from tfring import (
+    Adasum,
     Average,
     Compression,
+    Max,
+    Min,
+    Product,
     Sum,
-    allgather,
-    allreduce,
-    broadcast,
+    allgather_object,
     broadcast_object,
     broadcast_variables,
     cross_rank,
@@ -21,3 +29,45 @@ from tfring import (
     shutdown,
     size,
 )
+from tfring.keras.optimizer import (DistributedLossScaleOptimizer,
+                                    DistributedOptimizer)
+from tfring.keras.saving import load_model
+
+
+def _result(tensor):
+    return tensor.numpy() if tf.executing_eagerly() else tensor
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0,
+              postscale_factor=1.0, op=None, compression=Compression.none):
+    """Reduces a tensor-compatible value (number, list, NumPy array, tensor)
+    over all ranks; default op is Average (`average` is deprecated).
+
+    Returns a NumPy array eagerly (a tensor inside tf.function). `name`,
+    when given, must be the same on every rank.
+    """
+    return _result(_tfring.allreduce(
+        tf.convert_to_tensor(value), average=average, op=op,
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        compression=compression, name=name))
+
+
+def allgather(value, name=None):
+    """Concatenates every rank's value along the first dimension; returns
+    a NumPy array eagerly (a tensor inside tf.function)."""
+    return _result(_tfring.allgather(tf.convert_to_tensor(value), name=name))
+
+
+def broadcast(value, root_rank, name=None):
+    """root_rank's value on every rank; a NumPy array eagerly (a tensor
+    inside tf.function)."""
+    return _result(_tfring.broadcast(tf.convert_to_tensor(value), root_rank,
+                                     name=name))
+
+
+def __getattr__(name):
+    # tfring.keras.callbacks loads on first use, so tfring.keras imports
+    # even where the callbacks are not needed (or not there).
+    if name == "callbacks":
+        return importlib.import_module("tfring.keras.callbacks")
+    raise AttributeError(f"module 'tfring.keras' has no attribute '{name}'")

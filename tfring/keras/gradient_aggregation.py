@@ -1,0 +1,160 @@
+# The two gradient transformations DistributedOptimizer performs before the
+# optimizer it wraps sees a gradient: the reduction over ranks
+# (GradientReducer) and the local accumulation over several backward passes
+# (LocalGradientAggregator).
+#
+# Why a separate module: both are independent of Keras' optimizer machinery
+# (they only need tensors, variables and tf.cond), so the optimizer class can
+# stay about wrapping, and each piece can be read on its own. The reduction
+# reuses the tape's helpers, so DistributedGradientTape and
+# DistributedOptimizer submit gradients to the core in exactly the same way:
+# one grouped call per step (eagerly inside one tf.function) so they fuse.
+
+import tensorflow as tf
+
+from tfring import collectives
+from tfring import tape as _tape
+
+
+class GradientReducer:
+    """Reduces a list of gradients (None entries stay None) over all ranks.
+
+    Holds the validated reduction settings of one DistributedOptimizer.
+    """
+
+    def __init__(self, api_name, compression, sparse_as_dense, op,
+                 gradient_predivide_factor, groups, num_groups=0,
+                 device_dense='', device_sparse=''):
+        op = collectives.reduce_op_value(op, api_name)
+        factor = collectives.check_scale_factor(
+            gradient_predivide_factor, "gradient_predivide_factor", api_name)
+        if factor != 1.0 and op != int(collectives.Average):
+            raise ValueError(
+                f"{api_name} received gradient_predivide_factor={factor} "
+                f"with op=tfring.{collectives.reduce_op_name(op)}. Expected "
+                "op=tfring.Average: the factor splits the averaging. Drop "
+                "the factor or use op=tfring.Average.")
+        if factor == 0.0:
+            raise ValueError(
+                f"{api_name} received gradient_predivide_factor=0. Expected "
+                "a non-zero factor (gradients are divided by it). Use 1.0 "
+                "for no predivision.")
+        if not (hasattr(compression, "compress") and
+                hasattr(compression, "decompress")):
+            raise TypeError(
+                f"{api_name} received compression={compression!r}. Expected "
+                "a compressor with compress() and decompress(), such as "
+                "tfring.Compression.none or tfring.Compression.fp16. Pass "
+                "one of those.")
+        self.op = op
+        self.gradient_predivide_factor = factor
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.compression = compression
+        self.groups = _tape._check_groups(groups, num_groups, api_name)
+        self.reduce_args = dict(device_dense=device_dense,
+                                device_sparse=device_sparse,
+                                compression=compression, op=op)
+        if op == int(collectives.Average):
+            # Divide by f before the sum and multiply by f after it; the
+            # core's Average adds the 1/size (Horovod's split).
+            self.reduce_args.update(prescale_factor=1.0 / factor,
+                                    postscale_factor=factor)
+        self._eager_reduce = _tape._eager_reduce_function(self.reduce_args)
+
+    def reduce(self, grads, variables):
+        """The reduced `grads`, in order; None where a gradient is None.
+
+        Every rank must pass None at the same positions.
+        """
+        grads = list(grads)
+        if self.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g)
+                     if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return grads
+        parts = self._partition(present, variables)
+        present_grads = [grads[i] for i in present]
+        if tf.executing_eagerly():
+            reduced = self._eager_reduce(present_grads, parts)
+        else:
+            reduced = _tape._reduce_parts(present_grads, parts,
+                                          self.reduce_args)
+        out = list(grads)
+        for i, g in zip(present, reduced):
+            out[i] = g
+        return out
+
+    def _partition(self, present, variables):
+        """Positions in `present`, split into one tuple per reduce call."""
+        positions = list(range(len(present)))
+        if self.groups is None:
+            parts = [positions]
+        elif isinstance(self.groups, int):
+            parts = _tape._split_evenly(positions, self.groups)
+        else:
+            group_of = {}
+            for g, group in enumerate(self.groups):
+                for v in group:
+                    group_of[id(v)] = g
+            grouped = [[] for _ in self.groups]
+            alone = []
+            for p, i in enumerate(present):
+                g = group_of.get(id(variables[i]))
+                if g is None:
+                    alone.append([p])
+                else:
+                    grouped[g].append(p)
+            parts = [p for p in grouped if p] + alone
+        return tuple(tuple(p) for p in parts if p)
+
+
+class LocalGradientAggregator:
+    """Sums gradients locally for `passes` calls, then hands them on.
+
+    The accumulators and the pass counter are variables owned by the
+    optimizer (so they are saved, restored and never shared across ranks);
+    this class only adds the update logic. In a tf.function the choice
+    between "accumulate only" and "accumulate and apply" is a tf.cond on the
+    counter, so one traced step serves every pass.
+    """
+
+    def __init__(self, passes, average, counter, accumulators):
+        self.passes = passes
+        self.average = average
+        self.counter = counter
+        self.accumulators = accumulators
+
+    def __call__(self, optimizer, grads, variables, apply_fn):
+        """Adds `grads` into the accumulators of `variables`; on every
+        `passes`-th call runs apply_fn(summed_or_averaged_grads) and clears
+        them. Positions whose gradient is None in this call stay None.
+        """
+        accumulators = [self.accumulators[optimizer._get_variable_index(v)]
+                        for v in variables]
+        for g, acc in zip(grads, accumulators):
+            if g is not None:
+                # IndexedSlices are scatter-added; the sum is dense.
+                optimizer.assign_add(acc, g)
+        self.counter.assign_add(1)
+        present = [g is not None for g in grads]
+
+        def apply_accumulated():
+            summed = []
+            for keep, acc in zip(present, accumulators):
+                if not keep:
+                    summed.append(None)
+                    continue
+                value = tf.identity(acc.value)
+                if self.average:
+                    value = value / tf.cast(self.passes, value.dtype)
+                summed.append(value)
+            apply_fn(summed)
+            for keep, acc in zip(present, accumulators):
+                if keep:
+                    acc.assign(tf.zeros_like(acc.value))
+            self.counter.assign(0)
+
+        tf.cond(tf.greater_equal(self.counter, self.passes),
+                apply_accumulated, lambda: None)
