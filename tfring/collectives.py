@@ -99,6 +99,17 @@ def resolve_op(op, average, api_name):
     return int(Average)
 
 
+def _check_reduce_args(op, average, prescale_factor, postscale_factor,
+                       api_name):
+    """Validates what every allreduce entry point takes; returns the op and
+    the two scale factors as floats."""
+    op = resolve_op(op, average, api_name)
+    basics._check_initialized(api_name)
+    return (op,
+            check_scale_factor(prescale_factor, "prescale_factor", api_name),
+            check_scale_factor(postscale_factor, "postscale_factor", api_name))
+
+
 def check_scale_factor(value, arg, api_name):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -235,12 +246,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
       1/size() for Average; only Sum and Average are allowed there).
     """
     api_name = "tfring.allreduce()"
-    op = resolve_op(op, average, api_name)
-    basics._check_initialized(api_name)
-    prescale_factor = check_scale_factor(prescale_factor, "prescale_factor",
-                                         api_name)
-    postscale_factor = check_scale_factor(postscale_factor,
-                                          "postscale_factor", api_name)
+    op, prescale_factor, postscale_factor = _check_reduce_args(
+        op, average, prescale_factor, postscale_factor, api_name)
     tensor = _prepare_reduce_input(tensor, op, api_name, name)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_slices(tensor, op, prescale_factor,
@@ -305,12 +312,8 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
             f"{api_name} received a {type(tensors).__name__}. Expected a list "
             "or tuple of tensors. Pass a list, or use tfring.allreduce() for "
             "one tensor.")
-    op = resolve_op(op, average, api_name)
-    basics._check_initialized(api_name)
-    prescale_factor = check_scale_factor(prescale_factor, "prescale_factor",
-                                         api_name)
-    postscale_factor = check_scale_factor(postscale_factor,
-                                          "postscale_factor", api_name)
+    op, prescale_factor, postscale_factor = _check_reduce_args(
+        op, average, prescale_factor, postscale_factor, api_name)
     if not tensors:
         return []
     tensors = [_prepare_reduce_input(t, op, api_name) for t in tensors]

@@ -5,6 +5,7 @@
 # small pieces of Python state (epoch counters, configs, metrics) must be
 # shared without each script re-inventing serialisation over tensors.
 
+import collections
 import io
 
 import numpy as np
@@ -43,11 +44,27 @@ def broadcast_variables(variables, root_rank):
     return _assign_broadcast(variables, root_rank)
 
 
-# Eager calls run the broadcasts together in one function, traced once per
-# distinct list of variable shapes and root rank (not once per call).
-@tf.function(autograph=False)
+# Eager calls run the broadcasts together in one tf.function, kept per list
+# of variables and root rank so repeated calls do not trace again. (The
+# variables are closed over, not passed: Keras 3 variables are not
+# tf.Variables and would arrive in the function as plain tensors.)
+_BROADCAST_FUNCTIONS_KEPT = 16
+_broadcast_functions = collections.OrderedDict()
+
+
 def _assign_broadcast_in_function(variables, root_rank):
-    _assign_broadcast(variables, root_rank)
+    key = (tuple(id(v) for v in variables), root_rank)
+    entry = _broadcast_functions.pop(key, None)
+    if entry is None:
+        def assign_all():
+            _assign_broadcast(variables, root_rank)
+
+        # The entry holds `variables`, so the ids in `key` stay theirs.
+        entry = (tf.function(assign_all, autograph=False), variables)
+    _broadcast_functions[key] = entry
+    while len(_broadcast_functions) > _BROADCAST_FUNCTIONS_KEPT:
+        _broadcast_functions.popitem(last=False)
+    entry[0]()
 
 
 def _to_numpy(tensor, session, api_name):

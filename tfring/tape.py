@@ -180,26 +180,7 @@ class DistributedGradientTape:
     def _partition(self, present, sources):
         """Positions in `present`, split into the calls to make (a tuple of
         tuples, so it can key a tf.function trace)."""
-        positions = list(range(len(present)))
-        if self._groups is None:
-            parts = [positions]
-        elif isinstance(self._groups, int):
-            parts = _split_evenly(positions, self._groups)
-        else:
-            group_of = {}
-            for g, group in enumerate(self._groups):
-                for v in group:
-                    group_of[id(v)] = g
-            parts = [[] for _ in self._groups]
-            alone = []
-            for p, i in enumerate(present):
-                g = group_of.get(id(sources[i]))
-                if g is None:
-                    alone.append([p])
-                else:
-                    parts[g].append(p)
-            parts = [p for p in parts if p] + alone
-        return tuple(tuple(p) for p in parts if p)
+        return partition_positions(self._groups, present, sources)
 
     def __enter__(self):
         self._tape.__enter__()
@@ -214,3 +195,33 @@ class DistributedGradientTape:
         if name == "_tape":
             raise AttributeError(name)
         return getattr(self._tape, name)
+
+
+def partition_positions(groups, present, variables):
+    """Splits positions 0..len(present)-1 into one tuple per reduce call.
+
+    `groups` is None (one call), an int (that many calls of about equal
+    size) or a list of lists of variables (one call per group; variables in
+    no group go alone). `present[p]` indexes `variables` for position p.
+    Returns a tuple of tuples, so it can key a tf.function trace.
+    """
+    positions = list(range(len(present)))
+    if groups is None:
+        parts = [positions]
+    elif isinstance(groups, int):
+        parts = _split_evenly(positions, groups)
+    else:
+        group_of = {}
+        for g, group in enumerate(groups):
+            for v in group:
+                group_of[id(v)] = g
+        parts = [[] for _ in groups]
+        alone = []
+        for p, i in enumerate(present):
+            g = group_of.get(id(variables[i]))
+            if g is None:
+                alone.append([p])
+            else:
+                parts[g].append(p)
+        parts = [p for p in parts if p] + alone
+    return tuple(tuple(p) for p in parts if p)

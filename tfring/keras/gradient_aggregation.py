@@ -88,26 +88,7 @@ class GradientReducer:
 
     def _partition(self, present, variables):
         """Positions in `present`, split into one tuple per reduce call."""
-        positions = list(range(len(present)))
-        if self.groups is None:
-            parts = [positions]
-        elif isinstance(self.groups, int):
-            parts = _tape._split_evenly(positions, self.groups)
-        else:
-            group_of = {}
-            for g, group in enumerate(self.groups):
-                for v in group:
-                    group_of[id(v)] = g
-            grouped = [[] for _ in self.groups]
-            alone = []
-            for p, i in enumerate(present):
-                g = group_of.get(id(variables[i]))
-                if g is None:
-                    alone.append([p])
-                else:
-                    grouped[g].append(p)
-            parts = [p for p in grouped if p] + alone
-        return tuple(tuple(p) for p in parts if p)
+        return _tape.partition_positions(self.groups, present, variables)
 
 
 class LocalGradientAggregator:

@@ -14,12 +14,4 @@ from tfring.ops.collective_ops import rank_op
 from tfring.ops.collective_ops import size_op
 from tfring.ops import gradients as _gradients  # Registers the gradients.
 
-__all__ = [
-    "allreduce_op",
-    "allgather_op",
-    "broadcast_op",
-    "size_op",
-    "rank_op",
-    "local_size_op",
-    "local_rank_op",
-]
+from tfring.ops.collective_ops import __all__  # the public wrappers
