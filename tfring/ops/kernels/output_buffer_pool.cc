@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include <sys/mman.h>
+
 #include "cc/config.h"
 
 namespace tfring {
@@ -13,6 +15,11 @@ namespace {
 // malloc heap rather than new pages), so pooling would only hold memory.
 constexpr size_t kMinPooledBytes = 256 * 1024;
 constexpr size_t kAlignment = 64;
+// Buffers this large are aligned to, and backed by, 2 MiB transparent huge
+// pages where the kernel offers them on request (madvise mode, the common
+// default): fewer TLB misses while MPI streams through them, as NumPy does for
+// its own large arrays.
+constexpr size_t kHugePageBytes = 2 * 1024 * 1024;
 
 }  // namespace
 
@@ -36,10 +43,10 @@ void* OutputBufferPool::AllocateRaw(size_t alignment, size_t num_bytes) {
     }
   }
   void* fresh = nullptr;
-  if (posix_memalign(&fresh, std::max(alignment, kAlignment), std::max<size_t>(num_bytes, 1)) !=
-      0) {
-    return nullptr;
-  }
+  const bool huge = num_bytes >= kHugePageBytes;
+  const size_t aligned_to = huge ? kHugePageBytes : std::max(alignment, kAlignment);
+  if (posix_memalign(&fresh, aligned_to, std::max<size_t>(num_bytes, 1)) != 0) return nullptr;
+  if (huge) madvise(fresh, num_bytes, MADV_HUGEPAGE);
   std::lock_guard<std::mutex> lock(mutex_);
   size_of_[fresh] = num_bytes;
   return fresh;
