@@ -52,7 +52,6 @@ class Controller {
 
   // Local requests not yet answered.
   size_t num_pending() const { return pending_.size(); }
-  const ResponseCache& cache() const { return cache_; }
   // Rounds that needed the gather/broadcast path (for tests and tuning).
   int64_t negotiation_rounds() const { return negotiation_rounds_; }
 

@@ -33,7 +33,6 @@ class Coordinator {
   // listing the missing ranks. Returns a non-empty shutdown reason when a
   // tensor waited longer than the stall shutdown time.
   std::string InspectStalls(Clock::time_point now);
-  size_t num_waiting() const { return table_.size(); }
 
  private:
   struct Entry {

@@ -49,7 +49,6 @@ class ResponseCache {
   const Response& At(int64_t slot) const;
   void Touch(int64_t slot);
   void Evict(int64_t slot);
-  int64_t size() const { return static_cast<int64_t>(by_name_.size()); }
 
  private:
   struct Slot {
