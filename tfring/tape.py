@@ -122,20 +122,8 @@ class DistributedGradientTape:
                 f"{api_name} received a tape that is already a "
                 "DistributedGradientTape. Expected a tf.GradientTape. Wrap "
                 "the original tape once.")
-        op = collectives.reduce_op_value(op, api_name)
-        factor = collectives.check_scale_factor(
-            gradient_predivide_factor, "gradient_predivide_factor", api_name)
-        if factor != 1.0 and op != int(collectives.Average):
-            raise ValueError(
-                f"{api_name} received gradient_predivide_factor={factor} "
-                f"with op=tfring.{collectives.reduce_op_name(op)}. Expected "
-                "op=tfring.Average: the factor splits the averaging. Drop "
-                "the factor or use op=tfring.Average.")
-        if factor == 0.0:
-            raise ValueError(
-                f"{api_name} received gradient_predivide_factor=0. Expected "
-                "a non-zero factor (gradients are divided by it). Use 1.0 "
-                "for no predivision.")
+        op, factor = check_op_and_predivide_factor(
+            op, gradient_predivide_factor, api_name)
         self._tape = gradtape
         self._groups = _check_groups(groups, num_groups, api_name)
         self._sparse_as_dense = sparse_as_dense
@@ -225,3 +213,23 @@ def partition_positions(groups, present, variables):
                 parts[g].append(p)
         parts = [p for p in parts if p] + alone
     return tuple(tuple(p) for p in parts if p)
+
+
+def check_op_and_predivide_factor(op, gradient_predivide_factor, api_name):
+    """Validates a gradient reducer's op and predivide factor; returns the
+    op's value and the factor as a float."""
+    op = collectives.reduce_op_value(op, api_name)
+    factor = collectives.check_scale_factor(
+        gradient_predivide_factor, "gradient_predivide_factor", api_name)
+    if factor != 1.0 and op != int(collectives.Average):
+        raise ValueError(
+            f"{api_name} received gradient_predivide_factor={factor} "
+            f"with op=tfring.{collectives.reduce_op_name(op)}. Expected "
+            "op=tfring.Average: the factor splits the averaging. Drop "
+            "the factor or use op=tfring.Average.")
+    if factor == 0.0:
+        raise ValueError(
+            f"{api_name} received gradient_predivide_factor=0. Expected "
+            "a non-zero factor (gradients are divided by it). Use 1.0 "
+            "for no predivision.")
+    return op, factor

@@ -25,20 +25,8 @@ class GradientReducer:
     def __init__(self, api_name, compression, sparse_as_dense, op,
                  gradient_predivide_factor, groups, num_groups=0,
                  device_dense='', device_sparse=''):
-        op = collectives.reduce_op_value(op, api_name)
-        factor = collectives.check_scale_factor(
-            gradient_predivide_factor, "gradient_predivide_factor", api_name)
-        if factor != 1.0 and op != int(collectives.Average):
-            raise ValueError(
-                f"{api_name} received gradient_predivide_factor={factor} "
-                f"with op=tfring.{collectives.reduce_op_name(op)}. Expected "
-                "op=tfring.Average: the factor splits the averaging. Drop "
-                "the factor or use op=tfring.Average.")
-        if factor == 0.0:
-            raise ValueError(
-                f"{api_name} received gradient_predivide_factor=0. Expected "
-                "a non-zero factor (gradients are divided by it). Use 1.0 "
-                "for no predivision.")
+        op, factor = _tape.check_op_and_predivide_factor(
+            op, gradient_predivide_factor, api_name)
         if not (hasattr(compression, "compress") and
                 hasattr(compression, "decompress")):
             raise TypeError(

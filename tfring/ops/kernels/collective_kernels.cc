@@ -77,6 +77,22 @@ class CollectiveKernel : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
+  // Allreduce and broadcast: the output has the input's shape and reuses the
+  // input's buffer when TensorFlow allows it (the core then works in place).
+  static void EnqueueWithOutputLikeInput(OpKernelContext* context, Request request,
+                                         DoneCallback done) {
+    const Tensor& input = context->input(0);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(
+        context, ForwardOrAllocateOutput(context, 0, 0, input.shape(), &output),
+        done);
+    TensorBuffers buffers;
+    buffers.input = input.data();
+    buffers.output = output->data();
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done));
+  }
+
   // Hands the tensor to the core. On success the core calls back exactly
   // once; on failure the core does not, so `done` is called here.
   static void EnqueueOrFail(OpKernelContext* context, Request request,
@@ -136,17 +152,7 @@ class AllreduceKernel : public CollectiveKernel {
     request.prescale_factor = prescale_factor_;
     request.postscale_factor = postscale_factor_;
 
-    // Reuse the input buffer when TensorFlow allows it: the core reduces in
-    // place when input == output.
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(
-        context, ForwardOrAllocateOutput(context, 0, 0, input.shape(), &output),
-        done);
-    TensorBuffers buffers;
-    buffers.input = input.data();
-    buffers.output = output->data();
-    EnqueueOrFail(context, std::move(request), std::move(buffers),
-                  std::move(done));
+    EnqueueWithOutputLikeInput(context, std::move(request), std::move(done));
   }
 
  private:
@@ -213,15 +219,7 @@ class BroadcastKernel : public CollectiveKernel {
     OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
     request.root_rank = root_rank_;
 
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(
-        context, ForwardOrAllocateOutput(context, 0, 0, input.shape(), &output),
-        done);
-    TensorBuffers buffers;
-    buffers.input = input.data();
-    buffers.output = output->data();
-    EnqueueOrFail(context, std::move(request), std::move(buffers),
-                  std::move(done));
+    EnqueueWithOutputLikeInput(context, std::move(request), std::move(done));
   }
 
  private:
