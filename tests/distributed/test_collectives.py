@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfring
+from dtype_values import to_tensor
 
 REDUCE_DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16,
                  tf.bfloat16, tf.float32, tf.float64]
@@ -29,12 +30,6 @@ def _rank_value(shape, dtype, rank, op, seed=0):
     if op == "Product":
         return base % 3 + 1 + rank % 2  # in [1, 4]: no overflow at 3 ranks
     return base + rank
-
-
-def _to_tensor(values, dtype):
-    if dtype == tf.bool:
-        return tf.constant(values % 2 == 1)
-    return tf.cast(tf.constant(values), dtype)
 
 
 def _reduce_expected(shape, dtype, op, size, seed=0):
@@ -73,7 +68,7 @@ def _assert_close(result, expected, dtype, what):
 @pytest.mark.parametrize("op", OPS)
 def test_allreduce_every_op_dtype_and_rank(op, mode, size, rank):
     cases = [(d, s) for d in REDUCE_DTYPES for s in SHAPES]
-    inputs = [_to_tensor(_rank_value(s, d, rank, op), d) for d, s in cases]
+    inputs = [to_tensor(_rank_value(s, d, rank, op), d) for d, s in cases]
     reduce_op = getattr(tfring, op)
 
     def run(tensors):
@@ -282,7 +277,7 @@ def test_broadcast_every_dtype_rank_and_root(mode, size, rank):
     shapes = [(), (0,), (4,), (2, 3), (2, 1, 2)]
     cases = [(d, s, root) for d in GATHER_DTYPES for s in shapes
              for root in range(size)]
-    inputs = [_to_tensor(_rank_value(s, d, rank, "Sum"), d)
+    inputs = [to_tensor(_rank_value(s, d, rank, "Sum"), d)
               for d, s, _ in cases]
 
     def run(tensors):

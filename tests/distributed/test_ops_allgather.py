@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tfring import ops
+from dtype_values import to_float64, to_tensor
 
 GATHER_DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
                  tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.bool]
@@ -27,18 +28,6 @@ def _rank_values(rows, trailing, rank):
     return values.reshape((rows,) + tuple(trailing)).astype(np.float64)
 
 
-def _to_tensor(values, dtype):
-    if dtype == tf.bool:
-        return tf.constant(values % 2 == 1)
-    return tf.cast(tf.constant(values), dtype)
-
-
-def _to_float64(tensor):
-    if tensor.dtype == tf.bool:
-        return tensor.numpy().astype(np.float64)
-    return tf.cast(tensor, tf.float64).numpy()
-
-
 def _expected(trailing, dtype, size):
     parts = [_rank_values(_rows(r), trailing, r) for r in range(size)]
     gathered = np.concatenate(parts, axis=0)
@@ -48,7 +37,7 @@ def _expected(trailing, dtype, size):
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("dtype", GATHER_DTYPES, ids=lambda d: d.name)
 def test_allgather_every_dtype_and_rank(dtype, mode, rank, size):
-    inputs = [_to_tensor(_rank_values(_rows(rank), trailing, rank), dtype)
+    inputs = [to_tensor(_rank_values(_rows(rank), trailing, rank), dtype)
               for trailing in TRAILING_SHAPES]
 
     def run(tensors):
@@ -60,7 +49,7 @@ def test_allgather_every_dtype_and_rank(dtype, mode, rank, size):
         assert result.dtype == dtype, what
         expected = _expected(trailing, dtype, size)
         assert result.shape == expected.shape, what
-        np.testing.assert_array_equal(_to_float64(result), expected,
+        np.testing.assert_array_equal(to_float64(result), expected,
                                       err_msg=what)
 
 
@@ -80,7 +69,7 @@ def test_same_first_dimension_everywhere(mode, rank, size):
 @pytest.mark.parametrize("dtype", [tf.int32, tf.float32, tf.bool],
                          ids=lambda d: d.name)
 def test_scalars_gather_to_one_element_per_rank(dtype, mode, rank, size):
-    x = _to_tensor(np.array(float(rank + 1)), dtype)
+    x = to_tensor(np.array(float(rank + 1)), dtype)
 
     def run():
         return ops.allgather_op(x)
@@ -90,7 +79,7 @@ def test_scalars_gather_to_one_element_per_rank(dtype, mode, rank, size):
     if dtype == tf.bool:
         expected = expected % 2
     assert result.shape == (size,)
-    np.testing.assert_array_equal(_to_float64(result), expected)
+    np.testing.assert_array_equal(to_float64(result), expected)
 
 
 def test_every_rank_contributes_no_rows(size):

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tfring import ops
+from dtype_values import to_float64, to_tensor
 
 BROADCAST_DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32,
                     tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64,
@@ -22,22 +23,10 @@ def _rank_values(shape, rank):
         np.float64)
 
 
-def _to_tensor(values, dtype):
-    if dtype == tf.bool:
-        return tf.constant(values % 2 == 1)
-    return tf.cast(tf.constant(values), dtype)
-
-
-def _to_float64(tensor):
-    if tensor.dtype == tf.bool:
-        return tensor.numpy().astype(np.float64)
-    return tf.cast(tensor, tf.float64).numpy()
-
-
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("dtype", BROADCAST_DTYPES, ids=lambda d: d.name)
 def test_broadcast_every_dtype_shape_and_root(dtype, mode, rank, size):
-    inputs = [_to_tensor(_rank_values(shape, rank), dtype) for shape in SHAPES]
+    inputs = [to_tensor(_rank_values(shape, rank), dtype) for shape in SHAPES]
 
     def run(tensors, root_rank):
         return [ops.broadcast_op(t, root_rank) for t in tensors]
@@ -52,7 +41,7 @@ def test_broadcast_every_dtype_shape_and_root(dtype, mode, rank, size):
             if dtype == tf.bool:
                 expected = expected % 2
             assert result.shape == shape, what
-            np.testing.assert_array_equal(_to_float64(result), expected,
+            np.testing.assert_array_equal(to_float64(result), expected,
                                           err_msg=what)
 
 
