@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cc/common.h"
+#include "cc/config.h"
 #include "cc/status.h"
 
 namespace tfring {
@@ -60,6 +61,11 @@ TFRING_EXPORT bool IsInitialized();
 
 // Valid only while initialised.
 TFRING_EXPORT Topology GetTopology();
+
+// The configuration the running job uses: this process's TFRING_* values
+// with the job-wide knobs replaced by rank 0's (see job_config.h). Before
+// init, what init would start from.
+TFRING_EXPORT Config EffectiveConfig();
 
 // Whether the MPI library provides MPI_THREAD_MULTIPLE.
 TFRING_EXPORT bool MpiThreadsSupported();

@@ -21,9 +21,11 @@ BackgroundLoop::~BackgroundLoop() {
   }
 }
 
-void BackgroundLoop::Start() {
+Status BackgroundLoop::Start() {
+  TFRING_RETURN_IF_ERROR(executor_.Prepare());
   running_ = true;
   thread_ = std::thread([this] { Run(); });
+  return Status::OK();
 }
 
 void BackgroundLoop::RequestShutdown() {
@@ -54,14 +56,15 @@ void BackgroundLoop::Run() {
     queue_->WaitForWork(next_round);
 
     RoundOutcome outcome;
-    Status status =
-        controller_.RunRound(queue_->TakeNewRequests(), shutdown_requested_.load(), &outcome);
+    Status status = RunRoundCatching(&outcome);
     if (!status.ok()) {
       stop_reason = Status::Aborted("tfring stopped: communication with the other ranks failed (" +
                                     status.message() + ")");
       stopped_by_failure = true;
       break;
     }
+    // Per-tensor failures only fail their tensors; what comes back is a
+    // transport failure, after which the ranks cannot move data together.
     status = executor_.Execute(outcome.responses, queue_);
     if (!status.ok()) {
       stop_reason = Status::Aborted("tfring stopped: a collective failed (" + status.message() +
@@ -77,6 +80,10 @@ void BackgroundLoop::Run() {
       break;
     }
   }
+  // No longer running from here on: an init() that follows the cancellation
+  // errors below (which the user may see at once) must start a new loop, not
+  // find this one still "running".
+  running_ = false;
   exit_status_ = stop_reason;
   std::vector<TensorEntry> cancelled = queue_->Close(stop_reason);
   // A coordinated shutdown with nothing pending is the normal end of a job.
@@ -84,8 +91,17 @@ void BackgroundLoop::Run() {
     TFRING_LOG(kWarning, stop_reason.message() << " (" << cancelled.size()
                                                << " collectives cancelled on this rank)");
   }
-  for (TensorEntry& entry : cancelled) entry.done(stop_reason);
-  running_ = false;
+  for (TensorEntry& entry : cancelled) CompleteEntry(entry, stop_reason);
+}
+
+Status BackgroundLoop::RunRoundCatching(RoundOutcome* outcome) {
+  try {
+    return controller_.RunRound(queue_->TakeNewRequests(), shutdown_requested_.load(), outcome);
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("negotiation threw: ") + e.what());
+  } catch (...) {
+    return Status::Internal("negotiation threw a non-standard exception");
+  }
 }
 
 }  // namespace tfring

@@ -32,7 +32,9 @@ class BackgroundLoop {
   BackgroundLoop(Transport* transport, TensorQueue* queue, const Config& config);
   ~BackgroundLoop();
 
-  void Start();
+  // Collective: prepares every rank's executor, then starts the thread. On
+  // failure (on any rank) no thread starts and every rank returns the error.
+  Status Start();
   // Asks every rank to stop at the next round; returns immediately.
   void RequestShutdown();
   // Waits for the thread to exit. Returns why the loop stopped.
@@ -43,6 +45,9 @@ class BackgroundLoop {
 
  private:
   void Run();
+  // One negotiation round; an exception (e.g. std::bad_alloc) becomes an
+  // error status, which stops the loop like a transport failure would.
+  Status RunRoundCatching(RoundOutcome* outcome);
 
   Transport* transport_;
   TensorQueue* queue_;

@@ -63,6 +63,19 @@ const char* CollectiveTypeName(CollectiveType type) {
   return "unknown";
 }
 
+bool IsImplementedReduceOp(int32_t op) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::kAverage:
+    case ReduceOp::kSum:
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+    case ReduceOp::kProduct:
+      return true;
+    default:  // Adasum, or not a ReduceOp value at all
+      return false;
+  }
+}
+
 bool IsReducible(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8:

@@ -55,6 +55,9 @@ TFRING_EXPORT const char* DataTypeName(DataType dtype);
 TFRING_EXPORT const char* ReduceOpName(ReduceOp op);
 // "allreduce", "allgather", "broadcast".
 TFRING_EXPORT const char* CollectiveTypeName(CollectiveType type);
+// Whether `op` (a ReduceOp value as an integer, as front ends receive it) is
+// one the core implements: Average, Sum, Min, Max, Product.
+TFRING_EXPORT bool IsImplementedReduceOp(int32_t op);
 // Whether a reduction of `dtype` is supported by the core (allreduce).
 TFRING_EXPORT bool IsReducible(DataType dtype);
 // "[2, 3]" for printing shapes in error messages.

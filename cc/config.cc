@@ -58,7 +58,7 @@ std::string ToString(T value) {
 
 Config Config::FromEnvironment() {
   Config config;
-#define TFRING_READ_FIELD(type, field, env, def, doc)  \
+#define TFRING_READ_FIELD(type, field, env, def, scope, doc)  \
   if (const char* text = std::getenv(env)) {           \
     type parsed;                                       \
     if (Parse(env, text, &parsed)) config.field = parsed; \
@@ -75,8 +75,9 @@ const Config& Config::Get() {
 
 std::vector<ConfigEntry> DescribeConfig(const Config& config) {
   std::vector<ConfigEntry> entries;
-#define TFRING_DESCRIBE_FIELD(type, field, env, def, doc) \
-  entries.push_back({env, ToString(config.field), ToString(static_cast<type>(def)), doc});
+#define TFRING_DESCRIBE_FIELD(type, field, env, def, scope, doc)                          \
+  entries.push_back(                                                                      \
+      {env, ToString(config.field), ToString(static_cast<type>(def)), doc, KnobScope::scope});
   TFRING_CONFIG_KNOBS(TFRING_DESCRIBE_FIELD)
 #undef TFRING_DESCRIBE_FIELD
   return entries;

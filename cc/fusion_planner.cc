@@ -6,7 +6,6 @@
 namespace tfring {
 namespace {
 
-
 ReduceOp EffectiveOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
 }  // namespace
@@ -22,9 +21,9 @@ std::vector<Batch> PlanBatches(const ResponseList& responses,
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& response = responses[i];
     const Request& request = response.request;
-    const int64_t bytes = byte_sizes[i];
+    const int64_t bytes = FusionFootprint(byte_sizes[i]);
     const bool fusible = !response.is_error && request.type == CollectiveType::kAllreduce &&
-                         fusion_threshold > 0 && bytes < direct_threshold &&
+                         fusion_threshold > 0 && byte_sizes[i] < direct_threshold &&
                          bytes <= fusion_threshold;
     if (!fusible) {
       batches.push_back(Batch{{i}, false});

@@ -18,6 +18,15 @@
 
 namespace tfring {
 
+// Every member of a fused batch starts at a multiple of this many bytes of
+// the fusion buffer (vectorised copies and reductions stay aligned).
+constexpr int64_t kFusionAlignment = 64;
+
+// `bytes` rounded up to kFusionAlignment: a member's footprint in the buffer.
+inline int64_t FusionFootprint(int64_t bytes) {
+  return (bytes + kFusionAlignment - 1) / kFusionAlignment * kFusionAlignment;
+}
+
 struct Batch {
   // Indices into the response list, in execution order.
   std::vector<size_t> members;
@@ -25,7 +34,9 @@ struct Batch {
   bool fused = false;
 };
 
-// `byte_sizes[i]` is the size of response i's tensor on this rank.
+// `byte_sizes[i]` is the size of response i's tensor on this rank. A fused
+// batch's footprint (the sum of its members' FusionFootprint) never exceeds
+// `fusion_threshold`, so a buffer of that size holds any batch.
 std::vector<Batch> PlanBatches(const ResponseList& responses,
                                const std::vector<int64_t>& byte_sizes,
                                int64_t fusion_threshold, int64_t direct_threshold);

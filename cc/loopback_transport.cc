@@ -60,6 +60,12 @@ Status LoopbackTransport::Allreduce(const void* input, void* output, int64_t cou
   const int64_t bytes = count * DataTypeSize(dtype);
   std::vector<std::string> all =
       world_->Exchange(rank_, std::string(static_cast<const char*>(input), bytes));
+  for (const std::string& theirs : all) {
+    // What MPI reports as a truncation error: the ranks' calls do not match.
+    if (static_cast<int64_t>(theirs.size()) != bytes) {
+      return Status::Aborted("loopback: allreduce sizes disagree between ranks");
+    }
+  }
   // Reduce in rank order on every rank so all ranks get identical bits.
   std::memcpy(output, all[0].data(), bytes);
   for (size_t r = 1; r < all.size(); ++r) ReduceInto(dtype, op, all[r].data(), output, count);

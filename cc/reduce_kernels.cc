@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cc/logging.h"
 
@@ -58,24 +59,37 @@ void ReduceSixteenBit(ReduceOp op, const void* in, void* inout, int64_t count) {
 }
 
 template <typename T>
-void ScaleTyped(const void* src, void* dst, int64_t count, double factor) {
+void ScaleTyped(const void* src, void* dst, int64_t count, double factor, int64_t divisor) {
   const T* in = static_cast<const T*>(src);
   T* out = static_cast<T*>(dst);
   if (std::is_floating_point<T>::value) {
-    const T typed_factor = static_cast<T>(factor);
+    const T typed_factor = static_cast<T>(factor / static_cast<double>(divisor));
     for (int64_t i = 0; i < count; ++i) out[i] = in[i] * typed_factor;
-  } else {
+    return;
+  }
+  if (factor != 1.0) {
     for (int64_t i = 0; i < count; ++i) {
       out[i] = static_cast<T>(std::trunc(static_cast<double>(in[i]) * factor));
     }
+    in = out;
+  }
+  if (divisor != 1) {
+    // In T's own arithmetic (promoted to int64 for the narrow types), which
+    // truncates toward zero.
+    const int64_t typed_divisor = divisor;
+    for (int64_t i = 0; i < count; ++i) {
+      out[i] = static_cast<T>(static_cast<int64_t>(in[i]) / typed_divisor);
+    }
+  } else if (in != out) {
+    std::memcpy(out, in, count * sizeof(T));
   }
 }
 
 template <typename Traits>
-void ScaleSixteenBit(const void* src, void* dst, int64_t count, double factor) {
+void ScaleSixteenBit(const void* src, void* dst, int64_t count, double factor, int64_t divisor) {
   const uint16_t* in = static_cast<const uint16_t*>(src);
   uint16_t* out = static_cast<uint16_t*>(dst);
-  const float typed_factor = static_cast<float>(factor);
+  const float typed_factor = static_cast<float>(factor / static_cast<double>(divisor));
   for (int64_t i = 0; i < count; ++i) {
     out[i] = Traits::FromFloat(Traits::ToFloat(in[i]) * typed_factor);
   }
@@ -99,23 +113,27 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_
   }
 }
 
-void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double factor) {
-  if (factor == 1.0) {
+void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double factor,
+               int64_t divisor) {
+  TFRING_CHECK(divisor >= 1, "divisor " << divisor);
+  if (factor == 1.0 && divisor == 1) {
     if (src != dst) std::memcpy(dst, src, count * DataTypeSize(dtype));
     return;
   }
   switch (dtype) {
-    case DataType::kUInt8: return ScaleTyped<uint8_t>(src, dst, count, factor);
-    case DataType::kInt8: return ScaleTyped<int8_t>(src, dst, count, factor);
-    case DataType::kUInt16: return ScaleTyped<uint16_t>(src, dst, count, factor);
-    case DataType::kInt16: return ScaleTyped<int16_t>(src, dst, count, factor);
-    case DataType::kInt32: return ScaleTyped<int32_t>(src, dst, count, factor);
-    case DataType::kInt64: return ScaleTyped<int64_t>(src, dst, count, factor);
-    case DataType::kFloat32: return ScaleTyped<float>(src, dst, count, factor);
-    case DataType::kFloat64: return ScaleTyped<double>(src, dst, count, factor);
-    case DataType::kFloat16: return ScaleSixteenBit<HalfTraits>(src, dst, count, factor);
-    case DataType::kBFloat16: return ScaleSixteenBit<BFloat16Traits>(src, dst, count, factor);
-    case DataType::kBool: return ScaleTyped<uint8_t>(src, dst, count, factor);
+    case DataType::kUInt8: return ScaleTyped<uint8_t>(src, dst, count, factor, divisor);
+    case DataType::kInt8: return ScaleTyped<int8_t>(src, dst, count, factor, divisor);
+    case DataType::kUInt16: return ScaleTyped<uint16_t>(src, dst, count, factor, divisor);
+    case DataType::kInt16: return ScaleTyped<int16_t>(src, dst, count, factor, divisor);
+    case DataType::kInt32: return ScaleTyped<int32_t>(src, dst, count, factor, divisor);
+    case DataType::kInt64: return ScaleTyped<int64_t>(src, dst, count, factor, divisor);
+    case DataType::kFloat32: return ScaleTyped<float>(src, dst, count, factor, divisor);
+    case DataType::kFloat64: return ScaleTyped<double>(src, dst, count, factor, divisor);
+    case DataType::kFloat16:
+      return ScaleSixteenBit<HalfTraits>(src, dst, count, factor, divisor);
+    case DataType::kBFloat16:
+      return ScaleSixteenBit<BFloat16Traits>(src, dst, count, factor, divisor);
+    case DataType::kBool: return ScaleTyped<uint8_t>(src, dst, count, factor, divisor);
   }
 }
 

@@ -16,9 +16,15 @@ namespace tfring {
 // inout[i] = op(inout[i], in[i]) for i < count. op: Sum, Min, Max, Product.
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count);
 
-// dst[i] = src[i] * factor (src may equal dst). Integers are scaled in double
-// precision and truncated toward zero. A factor of exactly 1 is a plain copy.
-void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double factor);
+// dst[i] = src[i] * factor / divisor (src may equal dst); divisor >= 1.
+// Floating types multiply once by factor / divisor in their own precision
+// (16-bit floats through float). Integers are exact where they can be:
+// multiplied by `factor` in double precision and truncated toward zero only
+// when factor != 1, then divided by `divisor` in integer arithmetic
+// (truncating toward zero), so an int64 Average keeps all 64 bits. With
+// factor 1 and divisor 1 it is a plain copy.
+void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double factor,
+               int64_t divisor = 1);
 
 // IEEE half and bfloat16 conversions (round to nearest even).
 float HalfToFloat(uint16_t bits);

@@ -25,6 +25,8 @@ enum class StatusCode : int {
   kAborted = 3,
   // A broken invariant that is not the user's fault.
   kInternal = 4,
+  // Memory for a tensor (an output, a buffer) could not be allocated.
+  kResourceExhausted = 5,
 };
 
 class Status {
@@ -45,6 +47,9 @@ class Status {
   }
   static Status Internal(std::string message) {
     return Status(StatusCode::kInternal, std::move(message));
+  }
+  static Status ResourceExhausted(std::string message) {
+    return Status(StatusCode::kResourceExhausted, std::move(message));
   }
 
   bool ok() const { return code_ == StatusCode::kOk; }

@@ -1,8 +1,22 @@
 #include "cc/tensor_queue.h"
 
+#include <exception>
+
 #include "cc/logging.h"
 
 namespace tfring {
+
+void CompleteEntry(TensorEntry& entry, const Status& result) {
+  try {
+    entry.done(result);
+  } catch (const std::exception& e) {
+    TFRING_LOG(kError, "the completion callback of '" << entry.request.name
+                                                      << "' threw an exception: " << e.what());
+  } catch (...) {
+    TFRING_LOG(kError, "the completion callback of '" << entry.request.name
+                                                      << "' threw a non-standard exception");
+  }
+}
 
 Status TensorQueue::Add(TensorEntry entry) {
   std::lock_guard<std::mutex> lock(mutex_);

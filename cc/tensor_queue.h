@@ -28,6 +28,10 @@ struct TensorEntry {
   DoneCallback done;
 };
 
+// Calls entry.done(result). An exception from the framework's callback is
+// logged, never allowed to end the background thread.
+void CompleteEntry(TensorEntry& entry, const Status& result);
+
 class TensorQueue {
  public:
   // Fails if the queue is closed or the name is already in flight.

@@ -115,3 +115,33 @@ def test_init_with_ranks_list_and_communicator():
     for line in ["rank 2 refused", "rank 0 subset ok", "rank 1 subset ok",
                  "rank 0 split ok", "rank 1 split ok", "rank 2 split ok"]:
         assert line in result.output, result.describe()
+
+
+_THREAD_LEVEL_SCRIPT = textwrap.dedent("""
+    import mpi4py
+    mpi4py.rc.thread_level = "serialized"  # lower than tfring needs
+    from mpi4py import MPI
+    import tfring
+    try:
+        tfring.init()
+    except RuntimeError as e:
+        print(f"rank {MPI.COMM_WORLD.Get_rank()} REFUSED: {e}", flush=True)
+    else:
+        print("UNEXPECTED_SUCCESS", flush=True)
+""")
+
+
+@pytest.mark.parametrize("num_ranks", (1, 2))
+def test_init_refuses_mpi_without_thread_multiple(num_ranks):
+    # tfring's background thread calls MPI while other threads may: with a
+    # lower thread level that is undefined behaviour, so init() says how to
+    # get MPI_THREAD_MULTIPLE instead of starting.
+    result = mpi_launch.launch([sys.executable, "-c", _THREAD_LEVEL_SCRIPT],
+                               num_ranks, 300, env=_env(), cwd=str(REPO))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output, result.describe()
+    for rank in range(num_ranks):
+        assert (f"rank {rank} REFUSED: tfring needs MPI initialized with "
+                "MPI_THREAD_MULTIPLE, but MPI provides MPI_THREAD_SERIALIZED"
+                in result.output), result.describe()
+        assert 'mpi4py.rc.thread_level = ...' in result.output

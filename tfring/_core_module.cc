@@ -96,7 +96,7 @@ PYBIND11_MODULE(_core, m) {
       "config",
       [] {
         py::list entries;
-        for (const tfring::ConfigEntry& entry : tfring::DescribeConfig(tfring::Config::Get())) {
+        for (const tfring::ConfigEntry& entry : tfring::DescribeConfig(tfring::EffectiveConfig())) {
           py::dict item;
           item["env"] = entry.env_name;
           item["value"] = entry.value;
@@ -106,5 +106,6 @@ PYBIND11_MODULE(_core, m) {
         }
         return entries;
       },
-      "The effective TFRING_* configuration: env, value, default, doc for each knob.");
+      "The effective TFRING_* configuration: env, value, default, doc for each knob (while "
+      "initialized, the job-wide knobs hold rank 0's values).");
 }

@@ -168,13 +168,23 @@ def _check_slices_op(op, api_name):
             "DistributedGradientTape.")
 
 
-def _scale(values, factor):
-    """values * factor in values' dtype (integers: truncated toward zero)."""
-    if factor == 1.0:
-        return values
+def _scale_slices_values(values, prescale_factor, postscale_factor, divisor):
+    """The gathered values of IndexedSlices, scaled as the core scales a
+    dense allreduce: floating types by prescale * postscale / divisor;
+    integers by each factor (truncating toward zero, only when it is not 1),
+    then divided by `divisor` in integer arithmetic (truncating toward zero),
+    so no integer passes through a float when the factors are 1."""
     if values.dtype.is_floating:
+        factor = prescale_factor * postscale_factor / divisor
+        if factor == 1.0:
+            return values
         return values * tf.cast(factor, values.dtype)
-    return tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
+    for factor in (prescale_factor, postscale_factor):
+        if factor != 1.0:
+            values = tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
+    if divisor != 1:
+        values = tf.truncatediv(values, tf.cast(divisor, values.dtype))
+    return values
 
 
 def _suffixed(name, suffix):
@@ -190,10 +200,9 @@ def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name,
                                    name=_suffixed(name, "values"))
         indices = _ops.allgather_op(slices.indices,
                                     name=_suffixed(name, "indices"))
-        factor = prescale_factor * postscale_factor
-        if op == int(Average):
-            factor /= basics.size()
-        values = _scale(values, factor)
+        divisor = basics.size() if op == int(Average) else 1
+        values = _scale_slices_values(values, prescale_factor,
+                                      postscale_factor, divisor)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

@@ -6,9 +6,14 @@
 // scenario and exits non-zero if any failed. Driven from
 // tests/test_core_logic.py for world sizes 1..8.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <new>
+#include <stdexcept>
+#include <type_traits>
 #include <map>
 #include <random>
 #include <string>
@@ -315,11 +320,27 @@ void TestPeerShutdownFailsPending(int size) {
   LoopbackCluster cluster(size, TestConfig());
   // Rank 0 waits for a tensor the last rank never submits; the last rank
   // shuts down; rank 0's pending op must fail promptly naming that rank.
-  auto pending = Submit(cluster.rank(0),
-                        MakeRequest("orphan", CollectiveType::kAllreduce, DataType::kFloat32, {1}),
-                        Bytes(std::vector<float>{1}));
+  // The callback also records whether the loop still claimed to be running
+  // when the user learned of the shutdown: an init() called at that moment
+  // must start a new loop, not find the stopping one "running".
+  Submitted pending;
+  std::vector<float> input{1}, output(1);
+  TensorBuffers buffers;
+  buffers.input = input.data();
+  buffers.output = output.data();
+  auto done = pending.done;
+  auto running_at_callback = std::make_shared<std::atomic<bool>>(true);
+  BackgroundLoop* loop = cluster.rank(0).loop.get();
+  Status added = cluster.rank(0).queue->Add(TensorEntry{
+      MakeRequest("orphan", CollectiveType::kAllreduce, DataType::kFloat32, {1}), buffers,
+      [done, running_at_callback, loop](const Status& s) {
+        *running_at_callback = loop->running();
+        done->set_value(s);
+      }});
+  EXPECT_TRUE(added.ok(), added.message());
   cluster.rank(size - 1).loop->RequestShutdown();
-  Status status = Await(*pending, 10.0);
+  Status status = Await(pending, 10.0);
+  EXPECT_TRUE(!*running_at_callback, "the loop still reported running() when it cancelled");
   EXPECT_TRUE(status.code() == StatusCode::kAborted, status.message());
   EXPECT_TRUE(status.message().find("rank " + std::to_string(size - 1) + " shut down") !=
                   std::string::npos,
@@ -372,6 +393,226 @@ void TestHalfConversions(int) {
   EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(1e6f))), "overflow to inf");
 }
 
+// Ranks started with different fusion, direct-send and cache settings (as
+// when a launcher does not forward a variable) adopt rank 0's at start-up,
+// so a mixed batch of small tensors and one above rank 1's own direct
+// threshold reduces correctly instead of issuing mismatched calls.
+void TestJobConfigFromRankZero(int size) {
+  std::vector<Config> configs(size, TestConfig());
+  for (int rank = 1; rank < size; ++rank) {
+    configs[rank].fusion_threshold = 0;
+    configs[rank].direct_threshold = 4 * 1024 * 1024;
+    configs[rank].cache_capacity = 3;
+    configs[rank].stall_check_time_s = 7;
+  }
+  LoopbackCluster cluster(configs);
+  for (int rank = 0; rank < size; ++rank) {
+    const Config& adopted = cluster.rank(rank).config;
+    EXPECT_TRUE(adopted.fusion_threshold == configs[0].fusion_threshold &&
+                    adopted.direct_threshold == configs[0].direct_threshold &&
+                    adopted.cache_capacity == configs[0].cache_capacity &&
+                    adopted.stall_check_time_s == configs[0].stall_check_time_s,
+                "rank " << rank << " kept its own job-wide knobs");
+    // Process-wide knobs stay this rank's own.
+    EXPECT_TRUE(adopted.cycle_time_ms == configs[rank].cycle_time_ms, "cycle time");
+  }
+  OnEveryRank(size, [&](int rank) {
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::unique_ptr<Submitted>> small;
+      for (int i = 0; i < 5; ++i) {
+        small.push_back(Submit(cluster.rank(rank),
+                               MakeRequest("small_" + std::to_string(i), CollectiveType::kAllreduce,
+                                           DataType::kFloat32, {10}),
+                               Bytes(std::vector<float>(10, float(i)))));
+      }
+      const int64_t big_elements = 512 * 1024;  // 2 MiB: direct on rank 0, fused on the others
+      auto big = Submit(cluster.rank(rank),
+                        MakeRequest("big", CollectiveType::kAllreduce, DataType::kFloat32,
+                                    {big_elements}),
+                        Bytes(std::vector<float>(big_elements, 1.0f)));
+      for (int i = 0; i < 5; ++i) {
+        Status status = Await(*small[i]);
+        EXPECT_TRUE(status.ok(), status.message());
+        EXPECT_TRUE(Values<float>(small[i]->output, 10)[9] == float(i * size), "small " << i);
+      }
+      Status status = Await(*big);
+      EXPECT_TRUE(status.ok(), status.message());
+      EXPECT_TRUE(Values<float>(big->output, big_elements)[big_elements - 1] == float(size),
+                  "big");
+    }
+  });
+}
+
+// Submits an allgather whose output allocator is `allocate` (instead of the
+// harness's vector).
+std::unique_ptr<Submitted> SubmitAllgather(RankContext& context, const std::string& name,
+                                           std::vector<int32_t> values,
+                                           OutputAllocator allocate) {
+  auto submitted = std::make_unique<Submitted>();
+  submitted->input = Bytes(values);
+  TensorBuffers buffers;
+  buffers.input = submitted->input.data();
+  buffers.allocate_output = std::move(allocate);
+  auto done = submitted->done;
+  submitted->enqueue_status = context.queue->Add(
+      TensorEntry{MakeRequest(name, CollectiveType::kAllgather, DataType::kInt32,
+                              {static_cast<int64_t>(values.size())}),
+                  buffers, [done](const Status& s) { done->set_value(s); }});
+  if (!submitted->enqueue_status.ok()) done->set_value(submitted->enqueue_status);
+  return submitted;
+}
+
+// One rank cannot allocate an allgather's output (an error, then an
+// exception): every rank fails that collective with a message naming the
+// rank, and the job goes on. A completion callback that throws is survived.
+void TestPerTensorFailureOnOneRank(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  const int failing = size - 1;
+  OnEveryRank(size, [&](int rank) {
+    RankContext& context = cluster.rank(rank);
+    std::vector<int32_t> scratch;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool throws = attempt == 1;
+      auto gathered = SubmitAllgather(
+          context, "gather_" + std::to_string(attempt), {rank, rank},
+          [&, rank, throws](const std::vector<int64_t>& shape, void** data) -> Status {
+            if (rank == failing) {
+              if (throws) throw std::bad_alloc();
+              return Status::ResourceExhausted("the allocator refused 42 bytes");
+            }
+            scratch.resize(NumElements(shape));
+            *data = scratch.data();
+            return Status::OK();
+          });
+      Status status = Await(*gathered);
+      EXPECT_TRUE(!status.ok(), "attempt " << attempt << " succeeded");
+      const std::string& message = status.message();
+      EXPECT_TRUE(message.find("'gather_" + std::to_string(attempt) + "'") != std::string::npos,
+                  message);
+      EXPECT_TRUE(message.find("failed on rank " + std::to_string(failing)) != std::string::npos,
+                  message);
+      EXPECT_TRUE(message.find("Every rank skipped it") != std::string::npos, message);
+      if (rank == failing) {
+        EXPECT_TRUE(status.code() == StatusCode::kResourceExhausted, message);
+        EXPECT_TRUE(message.find(throws ? "out of memory" : "refused 42 bytes") !=
+                        std::string::npos,
+                    message);
+      } else {
+        EXPECT_TRUE(status.code() == StatusCode::kFailedPrecondition, message);
+      }
+    }
+    // A completion callback that throws must not end the background thread.
+    Submitted thrower;
+    std::vector<float> one{1.0f};
+    std::vector<float> out(1);
+    TensorBuffers buffers;
+    buffers.input = one.data();
+    buffers.output = out.data();
+    auto thrown = thrower.done;
+    Status added = context.queue->Add(
+        TensorEntry{MakeRequest("throwing_callback", CollectiveType::kAllreduce,
+                                DataType::kFloat32, {1}),
+                    buffers, [thrown](const Status& s) {
+                      thrown->set_value(s);
+                      throw std::runtime_error("callback failure");
+                    }});
+    EXPECT_TRUE(added.ok(), added.message());
+    EXPECT_TRUE(Await(thrower).ok(), "throwing callback's collective");
+    // The job goes on: later collectives of every kind work.
+    auto after = Submit(context,
+                        MakeRequest("after", CollectiveType::kAllreduce, DataType::kInt32, {1}),
+                        Bytes(std::vector<int32_t>{1}));
+    Status status = Await(*after);
+    EXPECT_TRUE(status.ok(), status.message());
+    EXPECT_TRUE(Values<int32_t>(after->output, 1)[0] == size, "after");
+    auto gathered = Submit(context,
+                           MakeRequest("gather_after", CollectiveType::kAllgather,
+                                       DataType::kInt32, {1}),
+                           Bytes(std::vector<int32_t>{rank}));
+    status = Await(*gathered);
+    EXPECT_TRUE(status.ok(), status.message());
+    EXPECT_TRUE(gathered->output_shape == std::vector<int64_t>({size}), "gather_after shape");
+  });
+}
+
+// Integer Average divides the sum by the size in integer arithmetic,
+// truncating toward zero (a sum of 49 over 49 ranks is 1, not 0), and int64
+// keeps every bit. The kernel is checked for every integer dtype and every
+// size up to 200; the cluster runs it end to end at this size.
+void TestIntegerAverage(int size) {
+  auto check_kernel = [](DataType dtype, auto typed_zero) {
+    using T = decltype(typed_zero);
+    for (int64_t n = 1; n <= 200; ++n) {
+      std::vector<T> sums;
+      const std::vector<int64_t> candidates = {-3 * n - 1, -n, -n + 1, -1,    0,        1,
+                                               n - 1,      n,  n + 1,  3 * n, 3 * n + 2};
+      for (int64_t k : candidates) {
+        if (k < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+            k > static_cast<int64_t>(std::numeric_limits<T>::max())) {
+          continue;
+        }
+        sums.push_back(static_cast<T>(k));
+      }
+      sums.push_back(std::numeric_limits<T>::max());
+      sums.push_back(std::numeric_limits<T>::min());
+      std::vector<T> out(sums.size());
+      ScaleCopy(dtype, sums.data(), out.data(), sums.size(), 1.0, n);
+      for (size_t i = 0; i < sums.size(); ++i) {
+        const T expected = static_cast<T>(static_cast<int64_t>(sums[i]) / n);
+        EXPECT_TRUE(out[i] == expected, DataTypeName(dtype) << " " << int64_t(sums[i]) << " / "
+                                                            << n << " gave " << int64_t(out[i]));
+      }
+    }
+  };
+  check_kernel(DataType::kUInt8, uint8_t{});
+  check_kernel(DataType::kInt8, int8_t{});
+  check_kernel(DataType::kUInt16, uint16_t{});
+  check_kernel(DataType::kInt16, int16_t{});
+  check_kernel(DataType::kInt32, int32_t{});
+  check_kernel(DataType::kInt64, int64_t{});
+  // A postscale factor still applies first (truncated), then the division.
+  std::vector<int32_t> scaled{7, -7};
+  ScaleCopy(DataType::kInt32, scaled.data(), scaled.data(), 2, 1.5, 4);
+  EXPECT_TRUE(scaled[0] == 2 && scaled[1] == -2, scaled[0] << "," << scaled[1]);
+
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    // Every rank contributes 1: the average is exactly 1 for every dtype
+    // whose sum does not overflow (int8 holds at most 127 ranks' ones).
+    for (DataType dtype : {DataType::kUInt8, DataType::kInt8, DataType::kInt32,
+                           DataType::kInt64}) {
+      if (dtype == DataType::kInt8 && size > 127) continue;
+      Request request = MakeRequest(std::string("ones_") + DataTypeName(dtype),
+                                    CollectiveType::kAllreduce, dtype, {3});
+      request.reduce_op = ReduceOp::kAverage;
+      std::vector<uint8_t> input(3 * DataTypeSize(dtype), 0);
+      for (int i = 0; i < 3; ++i) input[i * DataTypeSize(dtype)] = 1;  // little-endian 1
+      auto tensor = Submit(cluster.rank(rank), request, input);
+      Status status = Await(*tensor);
+      EXPECT_TRUE(status.ok(), status.message());
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(tensor->output[i * DataTypeSize(dtype)] == 1,
+                    DataTypeName(dtype) << " average of ones at size " << size << " gave "
+                                        << int(tensor->output[i * DataTypeSize(dtype)]));
+      }
+    }
+    // int64 beyond 2^53 keeps its precision: Average of equal values is the value.
+    const int64_t big = (int64_t{1} << 60) + 1 + 2 * rank;
+    Request request = MakeRequest("big_int64", CollectiveType::kAllreduce, DataType::kInt64, {1});
+    request.reduce_op = ReduceOp::kAverage;
+    auto tensor = Submit(cluster.rank(rank), request, Bytes(std::vector<int64_t>{big}));
+    EXPECT_TRUE(Await(*tensor).ok(), "big int64");
+    // Sum over ranks r of (2^60 + 1 + 2r) = size * (2^60 + 1) + size * (size - 1);
+    // divided by size: 2^60 + 1 + (size - 1) exactly (computed without overflow only
+    // while the sum fits; small sizes here).
+    if (size <= 7) {
+      const int64_t expected = (int64_t{1} << 60) + 1 + (size - 1);
+      const int64_t got = Values<int64_t>(tensor->output, 1)[0];
+      EXPECT_TRUE(got == expected, "int64 average " << got << " expected " << expected);
+    }
+  });
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -385,6 +626,9 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"peer_shutdown_fails_pending", TestPeerShutdownFailsPending},
       {"fusion_planner", TestFusionPlanner},
       {"half_conversions", TestHalfConversions},
+      {"job_config_from_rank0", TestJobConfigFromRankZero},
+      {"per_tensor_failure_on_one_rank", TestPerTensorFailureOnOneRank},
+      {"integer_average", TestIntegerAverage},
   };
   return scenarios;
 }

@@ -16,28 +16,17 @@
 
 #include "cc/background_loop.h"
 #include "cc/config.h"
+#include "cc/job_config.h"
 #include "cc/loopback_transport.h"
 #include "cc/tensor_queue.h"
+#include "tests/cc/expect.h"
 
 namespace tfring {
 namespace testing {
 
-// Thrown by EXPECT-style checks; caught per scenario by the runner.
-struct TestFailure {
-  std::string message;
-};
-
-#define EXPECT_TRUE(condition, stream_expr)                                  \
-  do {                                                                       \
-    if (!(condition)) {                                                      \
-      std::ostringstream _out;                                               \
-      _out << __FILE__ << ":" << __LINE__ << ": " << #condition << ": " << stream_expr; \
-      throw ::tfring::testing::TestFailure{_out.str()};                      \
-    }                                                                        \
-  } while (0)
-
 // One rank's loop and the memory of the tensors it submitted.
 struct RankContext {
+  Config config;  // after the start-up agreement
   std::unique_ptr<LoopbackTransport> transport;
   std::unique_ptr<TensorQueue> queue;
   std::unique_ptr<BackgroundLoop> loop;
@@ -45,16 +34,41 @@ struct RankContext {
 
 class LoopbackCluster {
  public:
-  LoopbackCluster(int size, Config config) : config_(config) {
+  // Every rank starts from `config`.
+  LoopbackCluster(int size, const Config& config)
+      : LoopbackCluster(std::vector<Config>(size, config)) {}
+
+  // Rank r starts from configs[r]; as at a real init, every rank then adopts
+  // rank 0's job-wide knobs (job_config.h) before its loop starts.
+  explicit LoopbackCluster(std::vector<Config> configs) {
+    const int size = static_cast<int>(configs.size());
     auto world = std::make_shared<LoopbackWorld>(size);
     for (int rank = 0; rank < size; ++rank) {
       auto context = std::make_unique<RankContext>();
       context->transport = std::make_unique<LoopbackTransport>(world, rank);
       context->queue = std::make_unique<TensorQueue>();
-      context->loop = std::make_unique<BackgroundLoop>(context->transport.get(),
-                                                       context->queue.get(), config_);
-      context->loop->Start();
+      context->config = configs[rank];
       ranks_.push_back(std::move(context));
+    }
+    // Start-up is collective: one thread per rank, as in separate processes.
+    std::vector<std::thread> starting;
+    std::vector<Status> started(size);
+    for (int rank = 0; rank < size; ++rank) {
+      starting.emplace_back([this, rank, &started] {
+        RankContext& context = *ranks_[rank];
+        started[rank] = AdoptRootJobConfig(context.transport.get(), &context.config);
+        if (!started[rank].ok()) return;
+        context.loop = std::make_unique<BackgroundLoop>(context.transport.get(),
+                                                        context.queue.get(), context.config);
+        started[rank] = context.loop->Start();
+      });
+    }
+    for (std::thread& thread : starting) thread.join();
+    for (int rank = 0; rank < size; ++rank) {
+      if (!started[rank].ok()) {
+        throw TestFailure{"rank " + std::to_string(rank) +
+                          " failed to start: " + started[rank].message()};
+      }
     }
   }
   ~LoopbackCluster() { Stop(); }
@@ -64,12 +78,15 @@ class LoopbackCluster {
 
   // Every rank asks to stop; all loops end in the same round.
   void Stop() {
-    for (auto& context : ranks_) context->loop->RequestShutdown();
-    for (auto& context : ranks_) context->loop->Join();
+    for (auto& context : ranks_) {
+      if (context->loop) context->loop->RequestShutdown();
+    }
+    for (auto& context : ranks_) {
+      if (context->loop) context->loop->Join();
+    }
   }
 
  private:
-  Config config_;
   std::vector<std::unique_ptr<RankContext>> ranks_;
 };
 

@@ -126,3 +126,41 @@ def test_signatures_follow_horovod():
     assert sig.parameters["compression"].default is tfring.Compression.none
     tape_sig = inspect.signature(tfring.DistributedGradientTape)
     assert tape_sig.parameters["op"].default == tfring.Average
+
+
+def _effective(env_name):
+    from tfring import _core
+    return next(e["value"] for e in _core.config() if e["env"] == env_name)
+
+
+def test_job_wide_knobs_come_from_rank_zero(monkeypatch, size, rank, capfd):
+    # A launcher that forwards no variables leaves ranks with different
+    # settings. Rank 1 here fuses nothing and sends up to 4 MiB through the
+    # fusion buffer; rank 0 fuses and sends 2 MiB directly. Unless every
+    # rank adopts rank 0's values at init, their MPI calls differ in count
+    # and size (a truncation error and a hang).
+    tfring.shutdown()
+    if rank >= 1:
+        monkeypatch.setenv("TFRING_FUSION_THRESHOLD", "0")
+        monkeypatch.setenv("TFRING_DIRECT_THRESHOLD", "4194304")
+        monkeypatch.setenv("TFRING_CACHE_CAPACITY", "3")
+    try:
+        tfring.init()
+        assert _effective("TFRING_FUSION_THRESHOLD") == str(128 * 1024 * 1024)
+        assert _effective("TFRING_DIRECT_THRESHOLD") == str(1024 * 1024)
+        assert _effective("TFRING_CACHE_CAPACITY") == "1024"
+        small = [tf.fill([10], float(i)) for i in range(5)]
+        big = tf.ones([512 * 1024])  # 2 MiB
+        for _ in range(3):
+            out = tfring.grouped_allreduce(small + [big], op=tfring.Sum)
+            assert [float(o[0]) for o in out[:5]] == [i * size for i in range(5)]
+            assert float(out[5][-1]) == size
+    finally:
+        tfring.shutdown()
+        monkeypatch.undo()
+        tfring.init()
+    if rank >= 1:
+        warnings = capfd.readouterr().err
+        assert ("TFRING_FUSION_THRESHOLD is 0 on this rank but 134217728 on "
+                "rank 0; using rank 0's value") in warnings, warnings
+        assert "mpirun -x TFRING_DIRECT_THRESHOLD" in warnings, warnings

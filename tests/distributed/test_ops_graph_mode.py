@@ -1,10 +1,12 @@
 # The ops in graphs: a tf.compat.v1 Session, and the naming rule of
 # tfring.ops.collective_ops (the name the kernel gives the core must be equal
-# on every rank and unique among concurrently running tensors): node names
-# prefixed with the tf.function's name, names that the kernel really uses,
-# two functions with identical bodies running at the same time in two
-# threads, control flow, nested functions, and names that do not depend on
-# how many functions a rank traced before.
+# on every rank and unique among concurrently running tensors): the
+# function's name and the collective's position in it, names that the kernel
+# really uses, two functions with identical bodies running at the same time
+# in two threads, a helper function shared by two functions running at the
+# same time, a name scope opened on one rank only, control flow, nested
+# functions, and names that do not depend on how many functions a rank
+# traced before.
 
 import threading
 
@@ -16,9 +18,12 @@ import tfring
 from tfring import ops
 
 
-def _collective_node_names(concrete_function):
-    return sorted(op.name for op in concrete_function.graph.get_operations()
-                  if op.type.startswith("Tfring>"))
+def _tensor_names(graph):
+    """The cross-rank names of the collectives in `graph`, as built."""
+    return sorted(op.get_attr("tensor_name").decode()
+                  for op in graph.get_operations()
+                  if op.type.startswith("Tfring>") and "tensor_name" in
+                  op.node_def.attr)
 
 
 def test_compat_v1_session(rank, size):
@@ -30,7 +35,10 @@ def test_compat_v1_session(rank, size):
         shared = ops.broadcast_op(x, size - 1)
         topology = [ops.size_op(), ops.rank_op()]
         (grad,) = tf.gradients(tf.reduce_sum(summed * 2.0), x)
-        assert summed.op.name == "Tfring>Allreduce"  # no function prefix
+        # No function: the position in the graph alone (the gradient's
+        # allreduce is the fourth collective built).
+        assert _tensor_names(graph) == [
+            "allgather.1", "allreduce.0", "allreduce.3", "broadcast.2"]
     with tf.compat.v1.Session(graph=graph) as session:
         for step in range(2):
             feed = {x: np.array([rank + step, 1.0], np.float32)}
@@ -54,6 +62,8 @@ def test_compat_v1_session_names_and_v1_gradients(rank, size):
         second = ops.allreduce_op(x, tfring.Average, name="loss")
         (grad,) = tf.gradients(first + second, x)
         assert (first.op.name, second.op.name) == ("loss", "loss_1")
+        assert (first.op.get_attr("tensor_name"),
+                second.op.get_attr("tensor_name")) == (b"loss.0", b"loss.1")
     with tf.compat.v1.Session(graph=graph) as session:
         f, s, g = session.run([first, second, grad])
     mean = (size + 1) / 2.0
@@ -61,7 +71,7 @@ def test_compat_v1_session_names_and_v1_gradients(rank, size):
     assert g.tolist() == [2.0]
 
 
-def test_function_nodes_are_prefixed_with_the_function_name():
+def test_function_collectives_are_named_by_function_and_position():
     x = tf.constant([1.0])
 
     @tf.function
@@ -71,22 +81,22 @@ def test_function_nodes_are_prefixed_with_the_function_name():
         b = ops.allreduce_op(x, tfring.Sum, name="loss")
         return a + b + ops.allgather_op(x) + ops.broadcast_op(x, 0)
 
-    names = _collective_node_names(train_step.get_concrete_function())
-    assert names == ["train_step/Tfring>Allgather",
-                     "train_step/Tfring>Broadcast",
-                     "train_step/dense/Tfring>Allreduce",
-                     "train_step/loss"]
+    graph = train_step.get_concrete_function().graph
+    assert _tensor_names(graph) == ["train_step/allgather.2",
+                                    "train_step/allreduce.0",
+                                    "train_step/broadcast.3",
+                                    "train_step/loss.1"]
 
 
 def test_lambda_function_name_is_sanitized(size):
     x = tf.constant([1.0])
     run = tf.function(lambda: ops.allreduce_op(x, tfring.Sum))
-    assert _collective_node_names(run.get_concrete_function()) == [
-        "lambda_/Tfring>Allreduce"]
+    assert _tensor_names(run.get_concrete_function().graph) == [
+        "lambda_/allreduce.0"]
     assert run().numpy().tolist() == [float(size)]
 
 
-def test_kernel_uses_the_prefixed_node_name(size):
+def test_kernel_uses_the_function_qualified_name(size):
     # The broadcast kernel names its tensor in the root_rank error, which it
     # raises before anything reaches the core.
     x = tf.constant([1.0])
@@ -100,10 +110,10 @@ def test_kernel_uses_the_prefixed_node_name(size):
         return ops.broadcast_op(x, size)
 
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="tensor 'first_step/Tfring>Broadcast'"):
+                       match="tensor 'first_step/broadcast.0'"):
         first_step()
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="tensor 'second_step/Tfring>Broadcast'"):
+                       match="tensor 'second_step/broadcast.0'"):
         second_step()
     # Eagerly the name is the `name` argument.
     with pytest.raises(tf.errors.InvalidArgumentError,
@@ -112,8 +122,8 @@ def test_kernel_uses_the_prefixed_node_name(size):
 
 
 def test_two_functions_run_concurrently(rank, size):
-    # Identical bodies, so identical node names but for the prefix. Without
-    # it one name would be in flight twice on a rank.
+    # Identical bodies, so identical names but for the function. Without it
+    # one name would be in flight twice on a rank.
     x = tf.constant([1.0 + rank])
 
     @tf.function
@@ -125,27 +135,89 @@ def test_two_functions_run_concurrently(rank, size):
         return ops.allreduce_op(x, tfring.Sum) * 2.0
 
     expected = size * (size + 1) / 2.0
-    results = {"first": [], "second": []}
-    failures = []
-    start = threading.Barrier(2)
+    results = _run_concurrently(
+        [("first", first_step), ("second", second_step)], iterations=25)
+    assert results["first"] == [[expected]] * 25
+    assert results["second"] == [[2.0 * expected]] * 25
 
-    def loop(name, fn):
+
+def _run_concurrently(functions, iterations):
+    """Runs each (label, fn) in its own thread `iterations` times, started
+    together; returns {label: [result, ...]}."""
+    results = {label: [] for label, _ in functions}
+    failures = []
+    start = threading.Barrier(len(functions))
+
+    def loop(label, fn):
         try:
             start.wait()
-            for _ in range(25):
-                results[name].append(fn().numpy().tolist())
+            for _ in range(iterations):
+                results[label].append(fn().numpy().tolist())
         except Exception as e:  # reported by the main thread
             failures.append(e)
 
-    threads = [threading.Thread(target=loop, args=("first", first_step)),
-               threading.Thread(target=loop, args=("second", second_step))]
+    threads = [threading.Thread(target=loop, args=item) for item in functions]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not failures, failures
-    assert results["first"] == [[expected]] * 25
-    assert results["second"] == [[2.0 * expected]] * 25
+    return results
+
+
+def test_shared_helper_in_two_functions_run_concurrently(rank, size):
+    # TensorFlow inlines `helper` into both callers, so both contain the
+    # collective traced once in helper. Each caller's copy must be its own
+    # tensor: f's ones are never reduced with g's hundreds.
+    @tf.function
+    def helper(x):
+        return ops.allreduce_op(x, tfring.Sum)
+
+    @tf.function
+    def f():
+        return helper(tf.ones([3]))
+
+    @tf.function
+    def g():
+        return helper(100.0 * tf.ones([3]))
+
+    # Odd ranks start the other function first.
+    functions = [("f", f), ("g", g)]
+    if rank % 2:
+        functions.reverse()
+    results = _run_concurrently(functions, iterations=20)
+    assert results["f"] == [[float(size)] * 3] * 20
+    assert results["g"] == [[100.0 * size] * 3] * 20
+
+
+def test_helper_called_twice_in_one_function(rank, size):
+    @tf.function
+    def helper(x):
+        return ops.allreduce_op(x, tfring.Sum)
+
+    @tf.function
+    def step():
+        return tf.stack([helper(tf.constant(1.0 + rank)),
+                         helper(tf.constant(10.0 * (rank + 1)))])
+
+    total = size * (size + 1) / 2.0
+    assert step().numpy().tolist() == [total, 10.0 * total]
+
+
+def test_name_scope_opened_on_one_rank_only(rank, size):
+    # A summary written by rank 0 alone opens a name scope there, so every
+    # later scope of the same name is numbered differently on rank 0
+    # ("reduce_1" against "reduce"): node names differ across ranks, the
+    # collective's name must not.
+    @tf.function
+    def step(x):
+        if rank == 0:
+            with tf.name_scope("reduce"):
+                tf.identity(x, name="summary")
+        with tf.name_scope("reduce"):
+            return ops.allreduce_op(x, tfring.Sum)
+
+    assert step(tf.constant([1.0])).numpy().tolist() == [float(size)]
 
 
 def test_cond_and_while_loop_in_a_function(rank, size):

@@ -154,9 +154,9 @@ def test_collectives_are_xla_custom_calls(rank, size):
     hlo = _compiled_hlo(step, x)
     assert 'custom_call_target="tfring_allreduce"' in hlo
     assert 'custom_call_target="tfring_broadcast"' in hlo
-    # The cross-rank name is the node name under the function's scope, and
+    # The cross-rank name is the function and the position in it, and
     # the scale factor travels bit-exactly.
-    assert 'tensor_name = "step/Tfring>Allreduce"' in hlo
+    assert 'tensor_name = "step/allreduce.0"' in hlo
     assert "prescale_factor = 0x3E800000 : f32" in hlo
     summed, broadcast = step(x)
     np.testing.assert_allclose(summed.numpy(), np.full([4], 0.25 * size))
@@ -237,6 +237,24 @@ def _jit_devices(op):
     from tensorflow.python.framework import kernels
     return {k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel
             if k.device_type.endswith("_JIT")}
+
+
+def test_unknown_reduce_op_is_refused_when_compiled(rank, size):
+    # The raw op with a reduce_op that is not one of tfring's: refused when
+    # XLA compiles it, as the TensorFlow kernel refuses it, rather than
+    # reduced as a Sum.
+    from tfring.ops.collective_ops import _ops_library
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        return _ops_library.tfring_allreduce(
+            x, tensor_name="unknown_op", reduce_op=7, prescale_factor=1.0,
+            postscale_factor=1.0)
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"reduce_op 7 is not supported\. Use "
+                             r"tfring\.Average \(0\)"):
+        step(tf.ones([2]))
 
 
 def test_compilation_kernels_registered():

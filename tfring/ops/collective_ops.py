@@ -20,25 +20,29 @@ at the same time:
   ~35 KB kept forever and ~0.4 ms per call, against ~20 us for a repeated
   name).
 * Graph (inside `tf.function`, or a `tf.compat.v1.Graph`): `tensor_name` is
-  left empty and the kernel uses its node name. TensorFlow makes node names
-  unique within a graph, and the same program builds the same graph on every
-  rank. Two different `tf.function`s may run at the same time and both contain
-  a node `Tfring>Allreduce`, so inside a `tf.function` the node is placed
-  under an absolute name scope that starts with the function's name:
-  `train_step/Tfring>Allreduce`, `train_step/dense/Tfring>Allreduce_1`, ...
-  Bodies of `tf.cond` / `tf.while_loop` use the name of the enclosing
-  function. Names TensorFlow generates carry a process-wide counter that
-  differs between ranks that traced different numbers of functions (the
-  backward function of `train_step` is `__backward_train_step_1234`); the
-  counter is dropped (`backward_train_step/...`), since a name that differs
-  between ranks would never be matched and the step would hang.
+  set when the op is built, from the function that contains it and the
+  collective's position among that function's collectives:
+  `train_step/allreduce.0`, `train_step/grad_w.1` (with `name="grad_w"`).
+  Bodies of `tf.cond` / `tf.while_loop` count in the enclosing function.
+  Function names carry no process-wide counter (the backward function of
+  `train_step`, `__backward_train_step_1234`, counts as
+  `backward_train_step`), since a name that differs between ranks would never
+  be matched. Node names are not used: TensorFlow numbers name scopes in
+  the order they are opened, so a scope opened on one rank only (a summary
+  under `if rank() == 0`) would rename every later node on that rank.
+  When TensorFlow prepares a function to run, the graph pass in
+  kernels/collective_naming_pass.cc prefixes each name with the function
+  being run: a `tf.function` helper inlined into two functions f and g gets
+  `f/helper/allreduce.0` and `g/helper/allreduce.0`, so f and g may run
+  concurrently with different values.
 
-Limits of the rule (not detectable here): two `tf.function`s with the same
+Limits of the rule (the core then fails the second tensor in flight with an
+error naming it, rather than pairing it): two `tf.function`s with the same
 Python name (or names differing only in a trailing `_<digits>`) running
-concurrently, one concrete function running in several threads at once, or a
-`tf.while_loop` with `parallel_iterations > 1` whose iterations overlap, can
-put one name in flight twice; the core then fails the second tensor with an
-error naming it.
+concurrently, one concrete function running in several threads at once, a
+`tf.while_loop` with `parallel_iterations > 1` whose iterations overlap, or
+a helper shared by functions compiled with XLA (whose bodies the graph pass
+does not see) running concurrently.
 
 XLA. Inside tf.function(jit_compile=True) or a Keras model compiled with
 jit_compile=True, allreduce and broadcast are compiled to XLA custom calls
@@ -49,6 +53,7 @@ while the function is traced.
 """
 
 import re
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
@@ -97,38 +102,43 @@ def _scope_for_graph_name(graph_name):
     return scope or "function"
 
 
-def _function_name_scope(graph):
-    """The name-scope prefix for collectives built in `graph`.
+def _owning_function_graph(graph):
+    """The FuncGraph that names collectives built in `graph`, or None.
 
-    None outside a tf.function (eager, or a tf.compat.v1.Graph).
+    None outside a tf.function (eager, or a tf.compat.v1.Graph). A cond
+    branch or loop body graph is part of the function that encloses it.
     """
     if not isinstance(graph, func_graph.FuncGraph):
         return None
-    # A cond branch or loop body graph is part of the function that encloses
-    # it; name its collectives after that function.
     control_flow_graph = control_flow_v2_func_graphs.ControlFlowFuncGraph
     while (isinstance(graph, control_flow_graph)
            and isinstance(graph.outer_graph, func_graph.FuncGraph)):
         graph = graph.outer_graph
-    return _scope_for_graph_name(graph.name)
+    return graph
 
 
-def _create_collective(op_fn, tensor, name, **attrs):
+# Collectives built so far per graph (a FuncGraph, or a tf.compat.v1.Graph):
+# the position part of the names above.
+_collectives_built = weakref.WeakKeyDictionary()
+
+
+def _graph_tensor_name(graph, kind, name):
+    """The cross-rank name of the next collective built in `graph`."""
+    owner = _owning_function_graph(graph) or graph
+    position = _collectives_built.get(owner, 0)
+    _collectives_built[owner] = position + 1
+    label = f"{name or kind}.{position}"
+    if owner is graph and not isinstance(graph, func_graph.FuncGraph):
+        return label
+    return f"{_scope_for_graph_name(owner.name)}/{label}"
+
+
+def _create_collective(op_fn, kind, tensor, name, **attrs):
     """Creates the op `op_fn` under the naming rule of this module."""
     if tf.executing_eagerly():
         return op_fn(tensor, tensor_name=name or "", **attrs)
-
-    graph = ops.get_default_graph()
-    prefix = _function_name_scope(graph)
-    current_scope = graph.get_name_scope()
-    if (prefix is None or current_scope == prefix
-            or current_scope.startswith(prefix + "/")):
-        return op_fn(tensor, tensor_name="", name=name, **attrs)
-    # A trailing "/" makes the scope absolute: the prefix goes in front of the
-    # caller's scope instead of being nested (and uniquified) inside it.
-    absolute_scope = "/".join(filter(None, [prefix, current_scope])) + "/"
-    with graph.name_scope(absolute_scope):
-        return op_fn(tensor, tensor_name="", name=name, **attrs)
+    tensor_name = _graph_tensor_name(ops.get_default_graph(), kind, name)
+    return op_fn(tensor, tensor_name=tensor_name, name=name, **attrs)
 
 
 def in_xla_compilation():
@@ -174,7 +184,8 @@ def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
     Returns:
       A tensor of the same shape and dtype as `tensor`.
     """
-    return _create_collective(_ops_library.tfring_allreduce, tensor, name,
+    return _create_collective(_ops_library.tfring_allreduce, "allreduce",
+                              tensor, name,
                               reduce_op=int(reduce_op),
                               prescale_factor=float(prescale_factor),
                               postscale_factor=float(postscale_factor))
@@ -204,7 +215,8 @@ def allgather_op(tensor, name=None):
         "embeddings (pass sparse_as_dense=True to DistributedGradientTape / "
         "DistributedOptimizer to allreduce them densely instead) and uses "
         "allgather in the gradient of a Product allreduce.")
-    return _create_collective(_ops_library.tfring_allgather, tensor, name)
+    return _create_collective(_ops_library.tfring_allgather, "allgather",
+                              tensor, name)
 
 
 def broadcast_op(tensor, root_rank, name=None):
@@ -219,7 +231,8 @@ def broadcast_op(tensor, root_rank, name=None):
     Returns:
       A tensor of the same shape and dtype as `tensor`.
     """
-    return _create_collective(_ops_library.tfring_broadcast, tensor, name,
+    return _create_collective(_ops_library.tfring_broadcast, "broadcast",
+                              tensor, name,
                               root_rank=int(root_rank))
 
 

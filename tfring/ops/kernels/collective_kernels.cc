@@ -59,7 +59,21 @@ class CollectiveKernel : public AsyncOpKernel {
     return std::string(type_name_) + " of tensor '" + tensor_name_ + "'";
   }
 
-  absl::Status CheckInitialized() const {
+  // Whether this kernel may hand its tensor to the core now.
+  absl::Status CheckRunnable(OpKernelContext* context) const {
+    // The op is stateless (so that TensorFlow does not chain collectives in
+    // program order, which would prevent fusion), so Grappler's constant
+    // folding may evaluate one whose input is a constant while it optimizes
+    // a function, outside any step and with no function library. Running
+    // the collective then would submit it at optimization time, in whatever
+    // order this rank happens to optimize its functions (two functions
+    // optimized concurrently could pair one rank's tensor with another's).
+    // Refusing makes Grappler leave the node to run with the program.
+    if (context->function_library() == nullptr) {
+      return absl::FailedPreconditionError(
+          Describe() + " was evaluated outside a TensorFlow step (graph "
+          "optimization); collectives only run when the program runs.");
+    }
     if (IsInitialized()) return absl::OkStatus();
     return NotInitializedError(Describe());
   }
@@ -121,21 +135,7 @@ class AllreduceKernel : public CollectiveKernel {
       : CollectiveKernel(context, CollectiveType::kAllreduce, "allreduce") {
     int32_t reduce_op = 0;
     OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
-    switch (static_cast<ReduceOp>(reduce_op)) {
-      case ReduceOp::kAverage:
-      case ReduceOp::kSum:
-      case ReduceOp::kMin:
-      case ReduceOp::kMax:
-      case ReduceOp::kProduct:
-        break;
-      default:
-        OP_REQUIRES(
-            context, false,
-            absl::InvalidArgumentError(
-                "allreduce: reduce_op " + std::to_string(reduce_op) +
-                " is not supported. Use tfring.Average (0), tfring.Sum (1), "
-                "tfring.Min (3), tfring.Max (4) or tfring.Product (5)."));
-    }
+    OP_REQUIRES_OK(context, CheckReduceOp(reduce_op));
     reduce_op_ = static_cast<ReduceOp>(reduce_op);
     OP_REQUIRES_OK(context,
                    context->GetAttr("prescale_factor", &prescale_factor_));
@@ -144,7 +144,7 @@ class AllreduceKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckInitialized(), done);
+    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
     const Tensor& input = context->input(0);
     Request request;
     OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
@@ -167,7 +167,7 @@ class AllgatherKernel : public CollectiveKernel {
       : CollectiveKernel(context, CollectiveType::kAllgather, "allgather") {}
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckInitialized(), done);
+    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
     const Tensor& input = context->input(0);
     Request request;
     OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
@@ -204,7 +204,7 @@ class BroadcastKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckInitialized(), done);
+    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
     const int32_t size = GetTopology().size;
     OP_REQUIRES_ASYNC(
         context, root_rank_ >= 0 && root_rank_ < size,

@@ -2,13 +2,15 @@
 //
 // Why one place: every tfring kernel refuses to run before tfring.init() (or
 // after tfring.shutdown()), and users should see the same message, naming the
-// fix, whichever op they hit first.
+// fix, whichever op they hit first; the TensorFlow and XLA kernels check the
+// reduce op the same way.
 #ifndef TFRING_OPS_KERNELS_KERNEL_ERRORS_H_
 #define TFRING_OPS_KERNELS_KERNEL_ERRORS_H_
 
 #include <string>
 
 #include "absl/status/status.h"
+#include "cc/common.h"
 
 namespace tfring {
 namespace tf_ops {
@@ -20,6 +22,16 @@ inline absl::Status NotInitializedError(const std::string& what) {
       ". tfring operations need the runtime that tfring.init() starts (and "
       "tfring.shutdown() stops). Call tfring.init() once at the start of "
       "the program, before using any tfring operation.");
+}
+
+// OK for the reduce ops the core implements; otherwise the error both the
+// TensorFlow and the XLA kernel raise when the op is built.
+inline absl::Status CheckReduceOp(int32_t reduce_op) {
+  if (IsImplementedReduceOp(reduce_op)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "allreduce: reduce_op " + std::to_string(reduce_op) +
+      " is not supported. Use tfring.Average (0), tfring.Sum (1), "
+      "tfring.Min (3), tfring.Max (4) or tfring.Product (5).");
 }
 
 }  // namespace tf_ops

@@ -1,7 +1,9 @@
 #include "tfring/ops/kernels/output_buffer_pool.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <vector>
 
 #include <sys/mman.h>
 
@@ -20,6 +22,15 @@ constexpr size_t kAlignment = 64;
 // default): fewer TLB misses while MPI streams through them, as NumPy does for
 // its own large arrays.
 constexpr size_t kHugePageBytes = 2 * 1024 * 1024;
+// Bounds of the cache's idle limit, in allocations plus frees. The upper one
+// never cuts a steady loop that fits in the byte bound: such a loop has at
+// most max_free_bytes / kMinPooledBytes buffers and reuses each within about
+// twice that many calls.
+constexpr uint64_t kMinIdleCalls = 64;
+
+uint64_t MaxIdleCalls(size_t max_free_bytes) {
+  return std::max<uint64_t>(kMinIdleCalls, 2 * (max_free_bytes / kMinPooledBytes));
+}
 
 }  // namespace
 
@@ -29,18 +40,26 @@ OutputBufferPool* OutputBufferPool::Get() {
   return pool;
 }
 
-OutputBufferPool::OutputBufferPool(size_t max_free_bytes) : max_free_bytes_(max_free_bytes) {}
+OutputBufferPool::OutputBufferPool(size_t max_free_bytes)
+    : free_buffers_(max_free_bytes, kMinIdleCalls, MaxIdleCalls(max_free_bytes)) {}
+
+void OutputBufferPool::Release(const std::vector<FreeBufferCache::Buffer>& buffers) {
+  for (const FreeBufferCache::Buffer& buffer : buffers) std::free(buffer.ptr);
+}
 
 void* OutputBufferPool::AllocateRaw(size_t alignment, size_t num_bytes) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = free_by_size_.find(num_bytes);
-    if (it != free_by_size_.end()) {
-      void* reused = it->second;
-      free_by_size_.erase(it);
-      free_bytes_ -= num_bytes;
-      return reused;
+  // Cached buffers are at least kAlignment-aligned, which covers TensorFlow's
+  // 64-byte requests; a stricter request gets a fresh buffer.
+  if (alignment <= kAlignment) {
+    std::vector<FreeBufferCache::Buffer> released;
+    FreeBufferCache::Buffer reused;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reused = free_buffers_.Take(num_bytes, &released);
+      for (const FreeBufferCache::Buffer& buffer : released) capacity_of_.erase(buffer.ptr);
     }
+    Release(released);
+    if (reused.ptr != nullptr) return reused.ptr;
   }
   void* fresh = nullptr;
   const bool huge = num_bytes >= kHugePageBytes;
@@ -48,21 +67,18 @@ void* OutputBufferPool::AllocateRaw(size_t alignment, size_t num_bytes) {
   if (posix_memalign(&fresh, aligned_to, std::max<size_t>(num_bytes, 1)) != 0) return nullptr;
   if (huge) madvise(fresh, num_bytes, MADV_HUGEPAGE);
   std::lock_guard<std::mutex> lock(mutex_);
-  size_of_[fresh] = num_bytes;
+  capacity_of_[fresh] = num_bytes;
   return fresh;
 }
 
 void OutputBufferPool::DeallocateRaw(void* ptr) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = size_of_.find(ptr);
-  const size_t num_bytes = it->second;
-  if (free_bytes_ + num_bytes <= max_free_bytes_) {
-    free_by_size_.emplace(num_bytes, ptr);
-    free_bytes_ += num_bytes;
-    return;
+  std::vector<FreeBufferCache::Buffer> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_buffers_.Put({ptr, capacity_of_.at(ptr)}, &released);
+    for (const FreeBufferCache::Buffer& buffer : released) capacity_of_.erase(buffer.ptr);
   }
-  size_of_.erase(it);
-  std::free(ptr);
+  Release(released);
 }
 
 absl::Status AllocatePooledOutput(tensorflow::OpKernelContext* context, int output_index,

@@ -5,22 +5,24 @@
 // large allocations come straight from the kernel as untouched pages, and
 // the first write into them (inside MPI) pays a page fault per 4 KiB page --
 // measurably slower than the reduction itself for tens of MiB. Reusing a
-// buffer of the same size from the previous step avoids that. Buffers are
-// matched by exact size (steps repeat the same shapes); at most
-// TFRING_OUTPUT_POOL_BYTES of free buffers are kept.
+// buffer of the same size from the previous step avoids that. Which freed
+// buffers are kept, and for how long, is FreeBufferCache's policy: at most
+// TFRING_OUTPUT_POOL_BYTES, least recently freed evicted first, and buffers
+// not asked for again released after a while.
 #ifndef TFRING_OPS_KERNELS_OUTPUT_BUFFER_POOL_H_
 #define TFRING_OPS_KERNELS_OUTPUT_BUFFER_POOL_H_
 
 #include <cstddef>
-#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tfring/ops/kernels/free_buffer_cache.h"
 
 namespace tfring {
 namespace tf_ops {
@@ -37,11 +39,14 @@ class OutputBufferPool : public tensorflow::Allocator {
  private:
   explicit OutputBufferPool(size_t max_free_bytes);
 
-  const size_t max_free_bytes_;
+  // Frees what the cache hands back, after the lock is dropped.
+  static void Release(const std::vector<FreeBufferCache::Buffer>& buffers);
+
   std::mutex mutex_;
-  std::unordered_map<void*, size_t> size_of_;  // every live or free buffer
-  std::multimap<size_t, void*> free_by_size_;
-  size_t free_bytes_ = 0;
+  // The capacity of every live or cached buffer: a reused buffer may be
+  // larger than the request it now serves.
+  std::unordered_map<void*, size_t> capacity_of_;
+  FreeBufferCache free_buffers_;
 };
 
 // Output `index` of `context` with `shape`: the input buffer when TensorFlow

@@ -27,6 +27,8 @@ inline absl::Status ToTfStatus(const ::tfring::Status& status) {
       return absl::AbortedError(status.message());
     case StatusCode::kInternal:
       return absl::InternalError(status.message());
+    case StatusCode::kResourceExhausted:
+      return absl::ResourceExhaustedError(status.message());
   }
   // A code added to the core but not here: keep the message, flag the gap.
   return absl::InternalError("tfring core returned unknown status code " +
@@ -36,8 +38,7 @@ inline absl::Status ToTfStatus(const ::tfring::Status& status) {
 
 // The reverse direction, for callbacks the core calls into the op library
 // (the allgather output allocator). TF codes without a core equivalent
-// (e.g. ResourceExhausted from the allocator) become Internal with TF's
-// message kept.
+// become Internal with TF's message kept.
 inline ::tfring::Status FromTfStatus(const absl::Status& status) {
   if (status.ok()) return ::tfring::Status::OK();
   const std::string message(status.message());
@@ -48,6 +49,8 @@ inline ::tfring::Status FromTfStatus(const absl::Status& status) {
       return ::tfring::Status::FailedPrecondition(message);
     case absl::StatusCode::kAborted:
       return ::tfring::Status::Aborted(message);
+    case absl::StatusCode::kResourceExhausted:
+      return ::tfring::Status::ResourceExhausted(message);
     default:
       return ::tfring::Status::Internal(message);
   }

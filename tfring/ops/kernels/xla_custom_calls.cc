@@ -48,6 +48,8 @@ ffi::Error ToFfiError(const ::tfring::Status& status) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition, status.message());
     case StatusCode::kAborted:
       return ffi::Error(ffi::ErrorCode::kAborted, status.message());
+    case StatusCode::kResourceExhausted:
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted, status.message());
     case StatusCode::kInternal:
       break;
   }

@@ -40,6 +40,7 @@
 #include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/types.h"
+#include "tfring/ops/kernels/kernel_errors.h"
 #include "tfring/ops/kernels/xla_custom_calls.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape.h"
@@ -130,9 +131,10 @@ class AllreduceXlaKernel : public CollectiveXlaKernel {
  public:
   explicit AllreduceXlaKernel(OpKernelConstruction* context)
       : CollectiveXlaKernel(context) {
-    // The TensorFlow kernel validated reduce_op for the graph path; the core
-    // validates it again when the request arrives.
+    // Refused here, when the function is compiled, as the TensorFlow kernel
+    // does; the core checks it again when the request arrives.
     OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(context, CheckReduceOp(reduce_op_));
     OP_REQUIRES_OK(context,
                    context->GetAttr("prescale_factor", &prescale_factor_));
     OP_REQUIRES_OK(context,
