@@ -96,6 +96,23 @@ void InstallFinalizeHook(CoreState& state) {
   state.finalize_hook_installed = true;
 }
 
+// Creates the transport over a duplicate of `comm`, agrees on the job-wide
+// configuration and starts the loop; every step is collective. On failure the
+// caller discards what was created.
+Status StartLocked(CoreState& state, MPI_Comm comm) {
+  TFRING_RETURN_IF_ERROR(MpiTransport::Create(comm, &state.transport));
+  state.topology = state.transport->topology();
+  SetLogRank(state.topology.rank);
+  // Read at every init, so a job can change a knob between shutdown and init.
+  state.config = Config::FromEnvironment();
+  TFRING_RETURN_IF_ERROR(AdoptRootJobConfig(state.transport.get(), &state.config));
+  InstallFinalizeHook(state);
+  state.queue = std::make_shared<TensorQueue>();
+  state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
+                                                state.config);
+  return state.loop->Start();
+}
+
 }  // namespace
 
 Status InitializeMpi(int64_t mpi_comm_fortran) {
@@ -113,23 +130,7 @@ Status InitializeMpi(int64_t mpi_comm_fortran) {
         "mpi4py; do not call MPI.Finalize() before tfring.shutdown().");
   }
   TFRING_RETURN_IF_ERROR(CheckThreadLevel());
-  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran));
-  TFRING_RETURN_IF_ERROR(MpiTransport::Create(comm, &state.transport));
-  state.topology = state.transport->topology();
-  SetLogRank(state.topology.rank);
-  // Read at every init, so a job can change a knob between shutdown and init.
-  state.config = Config::FromEnvironment();
-  Status agreed = AdoptRootJobConfig(state.transport.get(), &state.config);
-  if (!agreed.ok()) {
-    state.transport.reset();
-    return agreed;
-  }
-  InstallFinalizeHook(state);
-
-  state.queue = std::make_shared<TensorQueue>();
-  state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
-                                                state.config);
-  Status started = state.loop->Start();
+  Status started = StartLocked(state, MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran)));
   if (!started.ok()) {
     state.loop.reset();
     state.queue.reset();

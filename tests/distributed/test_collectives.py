@@ -190,6 +190,36 @@ def test_allreduce_indexed_slices(op, mode, size, rank):
     np.testing.assert_array_equal(result.dense_shape.numpy(), [6, 3])
 
 
+def _truncating_division(value, divisor):
+    quotient = abs(value) // divisor
+    return quotient if value >= 0 else -quotient
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_integer_average_is_exact_for_dense_and_indexed_slices(dtype, size,
+                                                               rank):
+    # Integer Average divides in integer arithmetic, truncating toward zero;
+    # no value passes through a double (int64 beyond 2**53 stays exact).
+    big = 2**60 + 3 if dtype == tf.int64 else 2**29 + 3  # no overflow at 3 ranks
+
+    def rank_values(r):
+        return [big + r, -7 - r]
+
+    local = tf.constant([[v] for v in rank_values(rank)], dtype)
+    dense = tfring.allreduce(local, op=tfring.Average)
+    sums = [sum(rank_values(r)[i] for r in range(size)) for i in range(2)]
+    assert dense.numpy().tolist() == [
+        [_truncating_division(v, size)] for v in sums]
+
+    slices = tf.IndexedSlices(local, tf.constant([0, 1]),
+                              dense_shape=tf.constant([2, 1]))
+    result = tfring.allreduce(slices, op=tfring.Average)
+    # Every rank's values, each divided by the size.
+    assert result.values.numpy().tolist() == [
+        [_truncating_division(v, size)]
+        for r in range(size) for v in rank_values(r)]
+
+
 @pytest.mark.parametrize("op", ["Min", "Max", "Product"])
 def test_indexed_slices_reject_other_ops(op, rank):
     with pytest.raises(ValueError, match="sparse_as_dense=True"):
