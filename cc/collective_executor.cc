@@ -22,14 +22,6 @@ std::string Describe(const Request& request) {
          request.name + "'";
 }
 
-std::string JoinRanks(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    text += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return text;
-}
-
 }  // namespace
 
 CollectiveExecutor::CollectiveExecutor(Transport* transport, const Config& config)
@@ -179,10 +171,10 @@ Status CollectiveExecutor::AgreeOnLocalFailure(const std::string& what, const St
   if (failed.empty()) {
     *agreed = Status::OK();
   } else if (!local.ok()) {
-    *agreed = Status(local.code(), what + " failed on " + JoinRanks(failed) + " (this rank: " +
+    *agreed = Status(local.code(), what + " failed on " + RanksToString(failed) + " (this rank: " +
                                        local.message() + "). Every rank skipped it.");
   } else {
-    *agreed = Status::FailedPrecondition(what + " failed on " + JoinRanks(failed) +
+    *agreed = Status::FailedPrecondition(what + " failed on " + RanksToString(failed) +
                                          " (that rank's error says why). Every rank skipped it.");
   }
   return Status::OK();

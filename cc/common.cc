@@ -109,4 +109,12 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return count;
 }
 
+std::string RanksToString(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    text += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
 }  // namespace tfring

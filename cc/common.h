@@ -63,6 +63,8 @@ TFRING_EXPORT bool IsReducible(DataType dtype);
 // "[2, 3]" for printing shapes in error messages.
 TFRING_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
 TFRING_EXPORT int64_t NumElements(const std::vector<int64_t>& shape);
+// "rank 2" or "ranks 0, 3", for messages that name ranks.
+std::string RanksToString(const std::vector<int>& ranks);
 
 // Everything the ranks must agree on about one named tensor before any data
 // moves. Built by the framework binding, negotiated by the controller.

@@ -1,7 +1,6 @@
 #include "cc/controller.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "cc/logging.h"
 #include "cc/wire_format.h"
@@ -24,13 +23,6 @@ void SetBit(std::vector<uint64_t>* bits, int64_t word0, int64_t index) {
 }
 void ClearBit(std::vector<uint64_t>* bits, int64_t word0, int64_t index) {
   (*bits)[word0 + index / 64] &= ~(1ull << (index % 64));
-}
-
-std::string JoinRanks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i > 0 ? ", " : "") << ranks[i];
-  return out.str();
 }
 
 }  // namespace
@@ -128,7 +120,7 @@ Status Controller::RunRound(std::vector<Request> new_requests, bool request_shut
   if (!shutdown_ranks.empty()) {
     outcome->shutdown = true;
     outcome->shutdown_reason =
-        JoinRanks(shutdown_ranks) + " shut down (tfring.shutdown() or process exit)";
+        RanksToString(shutdown_ranks) + " shut down (tfring.shutdown() or process exit)";
     return Status::OK();
   }
   if ((bits[layout_.flags] & kNeedsNegotiation) == 0) {

@@ -29,9 +29,7 @@ std::string DescribeValuesByRank(const std::vector<Request>& requests,
   for (size_t i = 0; i < order.size(); ++i) {
     const std::vector<int>& ranks = ranks_by_value[order[i]];
     if (i > 0) out << "; ";
-    out << (ranks.size() == 1 ? "rank " : "ranks ");
-    for (size_t j = 0; j < ranks.size(); ++j) out << (j > 0 ? ", " : "") << ranks[j];
-    out << " submitted " << order[i];
+    out << RanksToString(ranks) << " submitted " << order[i];
   }
   return out.str();
 }
