@@ -71,6 +71,24 @@ def test_compat_v1_session_names_and_v1_gradients(rank, size):
     assert g.tolist() == [2.0]
 
 
+def test_compat_v1_conds_count_in_their_graph(rank, size):
+    # Branch graphs of two conds in one v1 graph both carry the name
+    # `cond_true`: their collectives are numbered in the enclosing graph, so
+    # the two allreduces (run concurrently by the session) stay apart.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant([1.0 + rank])
+        first = tf.cond(x[0] > 0.0, lambda: ops.allreduce_op(x, tfring.Sum),
+                        lambda: x)
+        second = tf.cond(x[0] > 0.0,
+                         lambda: ops.allreduce_op(10.0 * x, tfring.Sum),
+                         lambda: x)
+    with tf.compat.v1.Session(graph=graph) as session:
+        f, s = session.run([first, second])
+    total = size * (size + 1) / 2.0
+    assert (f.tolist(), s.tolist()) == ([total], [10.0 * total])
+
+
 def test_function_collectives_are_named_by_function_and_position():
     x = tf.constant([1.0])
 

@@ -102,34 +102,33 @@ def _scope_for_graph_name(graph_name):
     return scope or "function"
 
 
-def _owning_function_graph(graph):
-    """The FuncGraph that names collectives built in `graph`, or None.
+def _naming_graph(graph):
+    """The graph whose collectives are numbered together with `graph`'s.
 
-    None outside a tf.function (eager, or a tf.compat.v1.Graph). A cond
-    branch or loop body graph is part of the function that encloses it.
+    That is the tf.function (a FuncGraph) or the tf.compat.v1.Graph that
+    `graph` belongs to: a cond branch or loop body graph is part of the graph
+    that encloses it.
     """
-    if not isinstance(graph, func_graph.FuncGraph):
-        return None
     control_flow_graph = control_flow_v2_func_graphs.ControlFlowFuncGraph
     while (isinstance(graph, control_flow_graph)
-           and isinstance(graph.outer_graph, func_graph.FuncGraph)):
+           and graph.outer_graph is not None):
         graph = graph.outer_graph
     return graph
 
 
-# Collectives built so far per graph (a FuncGraph, or a tf.compat.v1.Graph):
-# the position part of the names above.
+# Collectives built so far per naming graph: the position part of the names
+# above.
 _collectives_built = weakref.WeakKeyDictionary()
 
 
 def _graph_tensor_name(graph, kind, name):
     """The cross-rank name of the next collective built in `graph`."""
-    owner = _owning_function_graph(graph) or graph
+    owner = _naming_graph(graph)
     position = _collectives_built.get(owner, 0)
     _collectives_built[owner] = position + 1
     label = f"{name or kind}.{position}"
-    if owner is graph and not isinstance(graph, func_graph.FuncGraph):
-        return label
+    if not isinstance(owner, func_graph.FuncGraph):
+        return label  # a tf.compat.v1.Graph: no function to name
     return f"{_scope_for_graph_name(owner.name)}/{label}"
 
 
