@@ -163,7 +163,9 @@ def test_broadcast_every_root(mode, rank, size):
     for root_rank in range(size):
         grad = _gradient(lambda t: ops.broadcast_op(t, root_rank), x,
                          _weights(shape, rank), mode)
-        expected = (_sum_of_weights(shape, size) if rank == root_rank
+        # Horovod's definition: the average of every rank's incoming
+        # gradient on the root, zero elsewhere.
+        expected = (_sum_of_weights(shape, size) / size if rank == root_rank
                     else np.zeros(shape))
         np.testing.assert_allclose(grad, expected, rtol=1e-12,
                                    err_msg=f"root {root_rank}")
@@ -182,7 +184,7 @@ def test_gradient_through_a_variable_and_two_collectives(rank, size):
 
     mean = np.mean([[1.0 + r, 2.0] for r in range(size)], axis=0)
     # Every rank's loss is the root's sum(mean^2): the broadcast gradient is
-    # size * 2 * mean on the root and 0 elsewhere; the Average gradient
-    # averages that over the ranks.
-    expected = 2.0 * mean
+    # the average of the ranks' ones (ones) times 2 * mean on the root and 0
+    # elsewhere; the Average gradient averages that over the ranks.
+    expected = 2.0 * mean / size
     np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6)

@@ -178,8 +178,9 @@ def test_registered_gradients(size, rank):
     np.testing.assert_allclose(tape.gradient(summed, x).numpy(), [size] * 2)
     # allgather: average of the gathered gradient, this rank's slice.
     np.testing.assert_allclose(tape.gradient(gathered, x).numpy(), [1.0] * 2)
-    # broadcast: the sum on the root, zero elsewhere.
-    expected = [size] * 2 if rank == 0 else [0.0] * 2
+    # broadcast: the average of the incoming gradients on the root (Horovod's
+    # definition), zero elsewhere.
+    expected = [1.0] * 2 if rank == 0 else [0.0] * 2
     np.testing.assert_allclose(tape.gradient(root, x).numpy(), expected)
 
 

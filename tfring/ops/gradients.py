@@ -108,7 +108,10 @@ def _allgather_grad(op, grad):
 
 @tf.RegisterGradient("Tfring>Broadcast")
 def _broadcast_grad(op, grad):
+    # Horovod's definition: the root receives the average of every rank's
+    # incoming gradient, the other ranks zero (their input did not affect
+    # the output).
     root_rank = op.get_attr("root_rank")
-    summed = allreduce_op(grad, _SUM, name=_gradient_name(op, "grad"))
-    return tf.where(tf.equal(rank_op(), root_rank), summed,
-                    tf.zeros_like(summed))
+    averaged = allreduce_op(grad, _AVERAGE, name=_gradient_name(op, "grad"))
+    return tf.where(tf.equal(rank_op(), root_rank), averaged,
+                    tf.zeros_like(averaged))
