@@ -157,52 +157,45 @@ def check_dtype(tensor, allowed, api_name, name=None):
             "tf.cast(tensor, tf.float32).")
 
 
-def _check_slices_op(op, api_name):
+def _check_slices_arguments(op, prescale_factor, postscale_factor, api_name):
+    """What Horovod accepts for a tf.IndexedSlices: Sum or Average, no
+    scale factors (NotImplementedError otherwise, as in Horovod)."""
+    fix = ("Convert it to a dense tensor first with "
+           "tf.convert_to_tensor(slices), or pass sparse_as_dense=True to "
+           "DistributedGradientTape / DistributedOptimizer.")
     if op not in (int(Sum), int(Average)):
-        raise ValueError(
+        raise NotImplementedError(
             f"{api_name} received a tf.IndexedSlices with "
             f"op=tfring.{reduce_op_name(op)}. Expected op=tfring.Sum or "
             "tfring.Average for IndexedSlices (they are reduced by gathering "
-            "values and indices). Convert it to a dense tensor first with "
-            "tf.convert_to_tensor(slices), or pass sparse_as_dense=True to "
-            "DistributedGradientTape.")
-
-
-def _scale_slices_values(values, prescale_factor, postscale_factor, divisor):
-    """The gathered values of IndexedSlices, scaled as the core scales a
-    dense allreduce: floating types by prescale * postscale / divisor;
-    integers by each factor (truncating toward zero, only when it is not 1),
-    then divided by `divisor` in integer arithmetic (truncating toward zero),
-    so no integer passes through a float when the factors are 1."""
-    if values.dtype.is_floating:
-        factor = prescale_factor * postscale_factor / divisor
-        if factor == 1.0:
-            return values
-        return values * tf.cast(factor, values.dtype)
-    for factor in (prescale_factor, postscale_factor):
-        if factor != 1.0:
-            values = tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
-    if divisor != 1:
-        values = tf.truncatediv(values, tf.cast(divisor, values.dtype))
-    return values
+            f"values and indices). {fix}")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError(
+            f"{api_name} received a tf.IndexedSlices with prescale_factor="
+            f"{prescale_factor} and postscale_factor={postscale_factor}. "
+            "Expected 1.0 for both: IndexedSlices are reduced by gathering "
+            "values and indices, which are not scaled (as in Horovod; a "
+            "DistributedGradientTape or DistributedOptimizer with "
+            "gradient_predivide_factor != 1 passes such factors). Scale the "
+            f"values yourself, or reduce densely. {fix}")
 
 
 def _suffixed(name, suffix):
     return None if name is None else f"{name}_{suffix}"
 
 
-def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name,
-                      device_sparse):
+def _allreduce_slices(slices, op, name, device_sparse):
     # A sum of IndexedSlices is the concatenation of every rank's slices
     # (repeated indices add up when the slices are applied or densified).
+    # Average divides the gathered values with TensorFlow's `/`, as Horovod
+    # does: integer values come back as floating point.
     with tf.device(device_sparse):
         values = _ops.allgather_op(slices.values,
                                    name=_suffixed(name, "values"))
         indices = _ops.allgather_op(slices.indices,
                                     name=_suffixed(name, "indices"))
-        divisor = basics.size() if op == int(Average) else 1
-        values = _scale_slices_values(values, prescale_factor,
-                                      postscale_factor, divisor)
+        if op == int(Average):
+            values = values / tf.cast(basics.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -217,10 +210,12 @@ def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
         return compression.decompress(reduced, ctx)
 
 
-def _prepare_reduce_input(tensor, op, api_name, name=None):
+def _prepare_reduce_input(tensor, op, prescale_factor, postscale_factor,
+                          api_name, name=None):
     """Validated input: an IndexedSlices as it is, anything else a tensor."""
     if isinstance(tensor, tf.IndexedSlices):
-        _check_slices_op(op, api_name)
+        _check_slices_arguments(op, prescale_factor, postscale_factor,
+                                api_name)
         check_dtype(tensor.values, ALLREDUCE_DTYPES, api_name, name)
         return tensor
     tensor = tf.convert_to_tensor(tensor)
@@ -251,16 +246,18 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
 
     Returns:
       A tensor like `tensor` (or a tf.IndexedSlices for IndexedSlices input:
-      the values and indices of every rank concatenated, values scaled by
-      1/size() for Average; only Sum and Average are allowed there).
+      the values and indices of every rank concatenated, values divided by
+      size() with TensorFlow's `/` for Average, so integer values become
+      floating point, as in Horovod; other ops or scale factors raise
+      NotImplementedError there).
     """
     api_name = "tfring.allreduce()"
     op, prescale_factor, postscale_factor = _check_reduce_args(
         op, average, prescale_factor, postscale_factor, api_name)
-    tensor = _prepare_reduce_input(tensor, op, api_name, name)
+    tensor = _prepare_reduce_input(tensor, op, prescale_factor,
+                                   postscale_factor, api_name, name)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_slices(tensor, op, prescale_factor,
-                                 postscale_factor, name, device_sparse)
+        return _allreduce_slices(tensor, op, name, device_sparse)
     return _allreduce_dense(tensor, op, prescale_factor, postscale_factor,
                             name, compression, device_dense)
 
@@ -270,9 +267,7 @@ def _grouped_body(tensors, op, prescale_factor, postscale_factor,
     results = []
     for t in tensors:
         if isinstance(t, tf.IndexedSlices):
-            results.append(_allreduce_slices(t, op, prescale_factor,
-                                             postscale_factor, None,
-                                             device_sparse))
+            results.append(_allreduce_slices(t, op, None, device_sparse))
         else:
             results.append(_allreduce_dense(t, op, prescale_factor,
                                             postscale_factor, None,
@@ -325,7 +320,8 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
         op, average, prescale_factor, postscale_factor, api_name)
     if not tensors:
         return []
-    tensors = [_prepare_reduce_input(t, op, api_name) for t in tensors]
+    tensors = [_prepare_reduce_input(t, op, prescale_factor, postscale_factor,
+                                     api_name) for t in tensors]
     if tf.executing_eagerly():
         fn = _grouped_function(op, prescale_factor, postscale_factor,
                                compression, device_dense, device_sparse)

@@ -196,8 +196,8 @@ def _truncating_division(value, divisor):
 
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
-def test_integer_average_is_exact_for_dense_and_indexed_slices(dtype, size,
-                                                               rank):
+def test_integer_average_dense_is_exact_slices_are_divided_as_horovod(
+        dtype, size, rank):
     # Integer Average divides in integer arithmetic, truncating toward zero;
     # no value passes through a double (int64 beyond 2**53 stays exact).
     big = 2**60 + 3 if dtype == tf.int64 else 2**29 + 3  # no overflow at 3 ranks
@@ -211,19 +211,36 @@ def test_integer_average_is_exact_for_dense_and_indexed_slices(dtype, size,
     assert dense.numpy().tolist() == [
         [_truncating_division(v, size)] for v in sums]
 
+    # IndexedSlices follow Horovod: the gathered values divided with
+    # TensorFlow's `/`, so integers come back as float64.
     slices = tf.IndexedSlices(local, tf.constant([0, 1]),
                               dense_shape=tf.constant([2, 1]))
     result = tfring.allreduce(slices, op=tfring.Average)
-    # Every rank's values, each divided by the size.
-    assert result.values.numpy().tolist() == [
-        [_truncating_division(v, size)]
-        for r in range(size) for v in rank_values(r)]
+    assert result.values.dtype == tf.float64
+    np.testing.assert_array_equal(
+        result.values.numpy(),
+        [[np.float64(v) / size] for r in range(size) for v in rank_values(r)])
 
 
 @pytest.mark.parametrize("op", ["Min", "Max", "Product"])
 def test_indexed_slices_reject_other_ops(op, rank):
-    with pytest.raises(ValueError, match="sparse_as_dense=True"):
+    # NotImplementedError, Horovod's type, with the fix.
+    with pytest.raises(NotImplementedError,
+                       match=rf"op=tfring\.{op}\. Expected op=tfring\.Sum or "
+                             r"tfring\.Average .*sparse_as_dense=True"):
         tfring.allreduce(_rank_slices(rank), op=getattr(tfring, op))
+
+
+@pytest.mark.parametrize("call", ["allreduce", "grouped_allreduce"])
+def test_indexed_slices_reject_scale_factors(call, rank):
+    with pytest.raises(NotImplementedError,
+                       match=r"prescale_factor=0\.5 and postscale_factor=1\.0\. "
+                             r"Expected 1\.0 for both"):
+        if call == "allreduce":
+            tfring.allreduce(_rank_slices(rank), prescale_factor=0.5)
+        else:
+            tfring.grouped_allreduce([tf.ones([2]), _rank_slices(rank)],
+                                     prescale_factor=0.5)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
