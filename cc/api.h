@@ -23,18 +23,27 @@ namespace tfring {
 // the output is written (or with the error that prevented it).
 using DoneCallback = std::function<void(const Status&)>;
 
-// Allgather only: called from the background thread once the full output
-// shape is known (first dimension summed over ranks). Must return writable
-// memory for NumElements(shape) elements in *data.
+// Allgather, alltoall and reducescatter: called from the background thread
+// once the output shape is known (it depends on the other ranks' inputs, or
+// on this rank's position). Must return writable memory for
+// NumElements(shape) elements in *data.
 using OutputAllocator =
     std::function<Status(const std::vector<int64_t>& shape, void** data)>;
 
 struct TensorBuffers {
   const void* input = nullptr;
   // Allreduce and broadcast: preallocated, same shape as the input. May equal
-  // `input` (in place). Allgather: leave null and set `allocate_output`.
+  // `input` (in place). The other collectives: leave null and set
+  // `allocate_output`.
   void* output = nullptr;
   OutputAllocator allocate_output;
+  // Alltoall only: the rows of dimension 0 this rank sends to each rank, in
+  // rank order; empty splits dimension 0 evenly. The core checks them (on
+  // every rank, so a bad entry on one rank fails the op everywhere).
+  std::vector<int64_t> splits;
+  // Alltoall only, optional: receives the rows that came from each rank
+  // before `done` runs. Owned by the caller; must stay valid until then.
+  std::vector<int64_t>* received_splits = nullptr;
 };
 
 struct Topology {

@@ -22,6 +22,24 @@ std::string Describe(const Request& request) {
          request.name + "'";
 }
 
+// Asks the framework for an output of `shape`. Whatever it reports is a
+// per-tensor failure of this rank, never a transport failure.
+Status AllocateOutput(TensorEntry& entry, const std::vector<int64_t>& shape) {
+  Status allocated;
+  try {
+    allocated = entry.buffers.allocate_output(shape, &entry.buffers.output);
+  } catch (const std::bad_alloc&) {
+    allocated = Status::ResourceExhausted("out of memory allocating the output");
+  } catch (const std::exception& e) {
+    allocated = Status::Internal(std::string("allocating the output threw: ") + e.what());
+  }
+  if (allocated.ok()) return allocated;
+  const StatusCode code =
+      allocated.code() == StatusCode::kAborted ? StatusCode::kInternal : allocated.code();
+  return Status(code, "could not allocate the output of shape " + ShapeToString(shape) + ": " +
+                          allocated.message());
+}
+
 }  // namespace
 
 CollectiveExecutor::CollectiveExecutor(Transport* transport, const Config& config)
@@ -43,37 +61,121 @@ Status CollectiveExecutor::Prepare() {
           "for 64 MiB) or give the process more memory");
     }
   }
-  Status agreed;
-  TFRING_RETURN_IF_ERROR(AgreeOnLocalFailure("tfring start-up", reserved, &agreed));
-  return agreed;
+  std::vector<Status> agreed;
+  TFRING_RETURN_IF_ERROR(AgreeOnLocalFailures({"tfring start-up"}, {reserved}, &agreed));
+  return agreed[0];
 }
 
 Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* queue) {
   // Take every entry first: names are released before any callback runs.
   std::vector<TensorEntry> entries;
-  std::vector<int64_t> byte_sizes;
+  std::vector<Status> outcome(responses.size());
   entries.reserve(responses.size());
   for (const Response& response : responses) {
     entries.push_back(queue->Take(response.name()));
-    byte_sizes.push_back(ByteSize(entries.back().request));
+    if (response.is_error) outcome.back() = Status::FailedPrecondition(response.error_message);
   }
-  const std::vector<Batch> batches =
-      PlanBatches(responses, byte_sizes, config_.fusion_threshold, config_.direct_threshold);
-  Status transport_failure;
-  for (const Batch& batch : batches) {
-    const Response& first = responses[batch.members[0]];
-    Status status;
-    if (first.is_error) {
-      status = Status::FailedPrecondition(first.error_message);
-    } else if (!transport_failure.ok()) {
-      status = transport_failure;  // the ranks can no longer move data together
-    } else {
+  auto fail_all = [&](const Status& status) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      CompleteEntry(entries[i], outcome[i].ok() ? status : outcome[i]);
+    }
+    return status;
+  };
+  Status transport_failure = PrepareOutputs(entries, &outcome);
+  if (!transport_failure.ok()) return fail_all(transport_failure);
+
+  std::vector<FusionCandidate> candidates;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!outcome[i].ok()) {
+      CompleteEntry(entries[i], outcome[i]);
+      continue;
+    }
+    const Request& request = entries[i].request;
+    const int64_t bytes = request.type == CollectiveType::kAllgather
+                              ? NumElements(layouts_[i].output_shape) * DataTypeSize(request.dtype)
+                              : ByteSize(request);
+    candidates.push_back(FusionCandidate{i, &request, bytes});
+  }
+  for (const Batch& batch :
+       PlanBatches(candidates, config_.fusion_threshold, config_.direct_threshold)) {
+    Status status = transport_failure;  // once failed, the ranks cannot move data together
+    if (status.ok()) {
       status = RunBatchCatching(batch, entries);
       if (status.code() == StatusCode::kAborted) transport_failure = status;
     }
     for (size_t index : batch.members) CompleteEntry(entries[index], status);
   }
   return transport_failure;
+}
+
+Status CollectiveExecutor::PrepareOutputs(std::vector<TensorEntry>& entries,
+                                          std::vector<Status>* outcome) {
+  const int size = transport_->size();
+  const int rank = transport_->rank();
+  layouts_.assign(entries.size(), RowLayout());
+  scaled_inputs_.clear();
+  scaled_inputs_.resize(entries.size());
+
+  // The run-time shapes of the whole round, in one exchange.
+  std::vector<int64_t> local_words;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!(*outcome)[i].ok()) continue;
+    const std::vector<int64_t> words = ShapeWords(entries[i].request, entries[i].buffers, size);
+    local_words.insert(local_words.end(), words.begin(), words.end());
+  }
+  std::vector<int64_t> all_words;
+  if (!local_words.empty()) {
+    TFRING_RETURN_IF_ERROR(transport_->AllgatherInt64s(local_words, &all_words));
+  }
+
+  std::vector<size_t> allocated;  // tensors whose output this rank allocated
+  std::vector<std::string> whats;
+  std::vector<Status> allocations;
+  int64_t word_offset = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    TensorEntry& entry = entries[i];
+    const Request& request = entry.request;
+    if (!(*outcome)[i].ok() || (!HasRunTimeShape(request.type) &&
+                                request.type != CollectiveType::kReducescatter)) {
+      continue;
+    }
+    std::vector<const int64_t*> words_by_rank(size);
+    for (int r = 0; r < size; ++r) {
+      words_by_rank[r] = all_words.data() + r * local_words.size() + word_offset;
+    }
+    word_offset += ShapeWordCount(request.type, size);
+    Status built = BuildRowLayout(request, words_by_rank, rank, size, &layouts_[i]);
+    if (!built.ok()) {
+      (*outcome)[i] = built;  // the same verdict on every rank
+      continue;
+    }
+    if (entry.buffers.received_splits != nullptr) {
+      *entry.buffers.received_splits = layouts_[i].recv_rows;
+    }
+    Status status = AllocateOutput(entry, layouts_[i].output_shape);
+    if (status.ok() && request.type == CollectiveType::kReducescatter &&
+        request.prescale_factor != 1.0 &&
+        !FitsFusionBuffer(ByteSize(request), config_.fusion_threshold,
+                          config_.direct_threshold)) {
+      // A direct reducescatter scales its input into scratch memory first.
+      scaled_inputs_[i].reset(new (std::nothrow) uint8_t[ByteSize(request)]);
+      if (!scaled_inputs_[i]) {
+        status = Status::ResourceExhausted("could not allocate " +
+                                           std::to_string(ByteSize(request)) +
+                                           " bytes to apply the prescale factor");
+      }
+    }
+    allocated.push_back(i);
+    whats.push_back(Describe(request));
+    allocations.push_back(status);
+  }
+  if (allocated.empty()) return Status::OK();
+  // Only this rank knows whether its outputs could be allocated; the ranks
+  // agree on it before any data moves.
+  std::vector<Status> agreed;
+  TFRING_RETURN_IF_ERROR(AgreeOnLocalFailures(whats, allocations, &agreed));
+  for (size_t k = 0; k < allocated.size(); ++k) (*outcome)[allocated[k]] = agreed[k];
+  return Status::OK();
 }
 
 Status CollectiveExecutor::RunBatchCatching(const Batch& batch,
@@ -94,25 +196,32 @@ Status CollectiveExecutor::RunBatchCatching(const Batch& batch,
 }
 
 Status CollectiveExecutor::RunBatch(const Batch& batch, std::vector<TensorEntry>& entries) {
-  TensorEntry& first = entries[batch.members[0]];
-  if (batch.fused) {
-    std::vector<TensorEntry*> members;
-    for (size_t index : batch.members) members.push_back(&entries[index]);
-    return RunFusedAllreduce(members);
-  }
-  switch (first.request.type) {
-    case CollectiveType::kAllreduce: return RunDirectAllreduce(first);
-    case CollectiveType::kAllgather: return RunAllgather(first);
-    case CollectiveType::kBroadcast: return RunBroadcast(first);
+  const size_t first = batch.members[0];
+  TensorEntry& entry = entries[first];
+  switch (entry.request.type) {
+    case CollectiveType::kAllreduce:
+      if (!batch.fused) return RunDirectAllreduce(entry);
+      {
+        std::vector<TensorEntry*> members;
+        for (size_t index : batch.members) members.push_back(&entries[index]);
+        return RunFusedAllreduce(members);
+      }
+    case CollectiveType::kAllgather:
+      return batch.fused ? RunFusedAllgather(batch.members, entries)
+                         : RunDirectAllgather(first, entry);
+    case CollectiveType::kReducescatter:
+      return batch.fused ? RunFusedReducescatter(batch.members, entries)
+                         : RunDirectReducescatter(first, entry);
+    case CollectiveType::kAlltoall: return RunAlltoall(first, entry);
+    case CollectiveType::kBroadcast: return RunBroadcast(entry);
   }
   return Status::Internal("unknown collective type");
 }
 
-void CollectiveExecutor::FinishReduction(const Request& request, const void* src,
-                                         void* dst) const {
+void CollectiveExecutor::FinishReduction(const Request& request, const void* src, void* dst,
+                                         int64_t count) const {
   const int64_t divisor = request.reduce_op == ReduceOp::kAverage ? transport_->size() : 1;
-  ScaleCopy(request.dtype, src, dst, NumElements(request.shape), request.postscale_factor,
-            divisor);
+  ScaleCopy(request.dtype, src, dst, count, request.postscale_factor, divisor);
 }
 
 Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& members) {
@@ -135,7 +244,8 @@ Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& me
                                                first.dtype, TransportOp(first.reduce_op)));
   offset = 0;
   for (TensorEntry* entry : members) {
-    FinishReduction(entry->request, buffer + offset, entry->buffers.output);
+    FinishReduction(entry->request, buffer + offset, entry->buffers.output,
+                    NumElements(entry->request.shape));
     offset += FusionFootprint(ByteSize(entry->request));
   }
   return Status::OK();
@@ -151,78 +261,153 @@ Status CollectiveExecutor::RunDirectAllreduce(TensorEntry& entry) {
   }
   TFRING_RETURN_IF_ERROR(transport_->Allreduce(input, entry.buffers.output, count, request.dtype,
                                                TransportOp(request.reduce_op)));
-  FinishReduction(request, entry.buffers.output, entry.buffers.output);
+  FinishReduction(request, entry.buffers.output, entry.buffers.output, count);
   return Status::OK();
 }
 
-Status CollectiveExecutor::AgreeOnLocalFailure(const std::string& what, const Status& local,
-                                               Status* agreed) {
-  // One bit per rank, inverted so that the AND tells every rank which ranks
-  // cleared theirs.
+Status CollectiveExecutor::AgreeOnLocalFailures(const std::vector<std::string>& whats,
+                                                const std::vector<Status>& local,
+                                                std::vector<Status>* agreed) {
+  // One bit per (tensor, rank), inverted so that the AND tells every rank
+  // which ranks cleared theirs.
   const int size = transport_->size();
-  std::vector<uint64_t> ok_bits((size + 63) / 64, ~0ull);
   const int rank = transport_->rank();
-  if (!local.ok()) ok_bits[rank / 64] &= ~(1ull << (rank % 64));
-  TFRING_RETURN_IF_ERROR(transport_->BitwiseAndAllreduce(&ok_bits));
-  std::vector<int> failed;
-  for (int r = 0; r < size; ++r) {
-    if (!((ok_bits[r / 64] >> (r % 64)) & 1)) failed.push_back(r);
+  const int64_t bits = static_cast<int64_t>(local.size()) * size;
+  std::vector<uint64_t> ok_bits((bits + 63) / 64, ~0ull);
+  for (size_t i = 0; i < local.size(); ++i) {
+    const int64_t bit = static_cast<int64_t>(i) * size + rank;
+    if (!local[i].ok()) ok_bits[bit / 64] &= ~(1ull << (bit % 64));
   }
-  if (failed.empty()) {
-    *agreed = Status::OK();
-  } else if (!local.ok()) {
-    *agreed = Status(local.code(), what + " failed on " + RanksToString(failed) + " (this rank: " +
-                                       local.message() + "). Every rank skipped it.");
-  } else {
-    *agreed = Status::FailedPrecondition(what + " failed on " + RanksToString(failed) +
-                                         " (that rank's error says why). Every rank skipped it.");
+  TFRING_RETURN_IF_ERROR(transport_->BitwiseAndAllreduce(&ok_bits));
+  agreed->assign(local.size(), Status::OK());
+  for (size_t i = 0; i < local.size(); ++i) {
+    std::vector<int> failed;
+    for (int r = 0; r < size; ++r) {
+      const int64_t bit = static_cast<int64_t>(i) * size + r;
+      if (!((ok_bits[bit / 64] >> (bit % 64)) & 1)) failed.push_back(r);
+    }
+    if (failed.empty()) continue;
+    if (!local[i].ok()) {
+      (*agreed)[i] = Status(local[i].code(), whats[i] + " failed on " + RanksToString(failed) +
+                                                 " (this rank: " + local[i].message() +
+                                                 "). Every rank skipped it.");
+    } else {
+      (*agreed)[i] = Status::FailedPrecondition(
+          whats[i] + " failed on " + RanksToString(failed) +
+          " (that rank's error says why). Every rank skipped it.");
+    }
   }
   return Status::OK();
 }
 
-Status CollectiveExecutor::RunAllgather(TensorEntry& entry) {
-  const Request& request = entry.request;
-  // A scalar is gathered as a vector of one element per rank.
-  std::vector<int64_t> shape = request.shape.empty() ? std::vector<int64_t>{1} : request.shape;
-  const int64_t row_bytes =
-      NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end())) *
-      DataTypeSize(request.dtype);
-
-  std::vector<int64_t> rows_per_rank;
-  TFRING_RETURN_IF_ERROR(transport_->AllgatherInt64(shape[0], &rows_per_rank));
+Status CollectiveExecutor::RunDirectAllgather(size_t index, TensorEntry& entry) {
+  const RowLayout& layout = layouts_[index];
   std::vector<int64_t> bytes_per_rank;
-  int64_t total_rows = 0;
-  for (int64_t rows : rows_per_rank) {
-    bytes_per_rank.push_back(rows * row_bytes);
-    total_rows += rows;
-  }
-  std::vector<int64_t> output_shape = shape;
-  output_shape[0] = total_rows;
+  for (int64_t rows : layout.recv_rows) bytes_per_rank.push_back(rows * layout.row_bytes);
+  return transport_->Allgatherv(entry.buffers.input, bytes_per_rank[transport_->rank()],
+                                entry.buffers.output, bytes_per_rank);
+}
 
-  // Only this rank knows whether its output could be allocated; the ranks
-  // agree on it before any data moves.
-  void* output = nullptr;
-  Status allocated;
-  try {
-    allocated = entry.buffers.allocate_output(output_shape, &output);
-  } catch (const std::bad_alloc&) {
-    allocated = Status::ResourceExhausted("out of memory allocating the output");
-  } catch (const std::exception& e) {
-    allocated = Status::Internal(std::string("allocating the output threw: ") + e.what());
+Status CollectiveExecutor::RunFusedAllgather(const std::vector<size_t>& members,
+                                             std::vector<TensorEntry>& entries) {
+  // Rank-major: rank r's block holds its rows of every member, in member
+  // order. Each rank packs its own block in place, one Allgatherv fills in
+  // the others, and every member's output is assembled block by block.
+  const int size = transport_->size();
+  const int rank = transport_->rank();
+  std::vector<int64_t> bytes_per_rank(size, 0);
+  for (size_t index : members) {
+    const RowLayout& layout = layouts_[index];
+    for (int r = 0; r < size; ++r) bytes_per_rank[r] += layout.recv_rows[r] * layout.row_bytes;
   }
-  if (!allocated.ok()) {
-    // Whatever the allocator said, this is not a transport failure (kAborted
-    // would stop the job).
-    const StatusCode code = allocated.code() == StatusCode::kAborted ? StatusCode::kInternal
-                                                                     : allocated.code();
-    allocated = Status(code, "could not allocate the output of shape " +
-                                 ShapeToString(output_shape) + ": " + allocated.message());
+  uint8_t* buffer = fusion_buffer_.get();
+  uint8_t* cursor = buffer;
+  for (int r = 0; r < rank; ++r) cursor += bytes_per_rank[r];
+  for (size_t index : members) {
+    const int64_t bytes = layouts_[index].recv_rows[rank] * layouts_[index].row_bytes;
+    if (bytes > 0) std::memcpy(cursor, entries[index].buffers.input, bytes);
+    cursor += bytes;
   }
-  Status agreed;
-  TFRING_RETURN_IF_ERROR(AgreeOnLocalFailure(Describe(request), allocated, &agreed));
-  TFRING_RETURN_IF_ERROR(agreed);
-  return transport_->Allgatherv(entry.buffers.input, shape[0] * row_bytes, output,
-                                bytes_per_rank);
+  TFRING_RETURN_IF_ERROR(
+      transport_->Allgatherv(nullptr, bytes_per_rank[rank], buffer, bytes_per_rank));
+  std::vector<int64_t> written(members.size(), 0);  // bytes of each output filled so far
+  cursor = buffer;
+  for (int r = 0; r < size; ++r) {
+    for (size_t m = 0; m < members.size(); ++m) {
+      const RowLayout& layout = layouts_[members[m]];
+      const int64_t bytes = layout.recv_rows[r] * layout.row_bytes;
+      uint8_t* output = static_cast<uint8_t*>(entries[members[m]].buffers.output);
+      if (bytes > 0) std::memcpy(output + written[m], cursor, bytes);
+      written[m] += bytes;
+      cursor += bytes;
+    }
+  }
+  return Status::OK();
+}
+
+Status CollectiveExecutor::RunDirectReducescatter(size_t index, TensorEntry& entry) {
+  const Request& request = entry.request;
+  const RowLayout& layout = layouts_[index];
+  const int64_t element_size = DataTypeSize(request.dtype);
+  std::vector<int64_t> counts;
+  for (int64_t rows : layout.recv_rows) counts.push_back(rows * layout.row_bytes / element_size);
+  const void* input = entry.buffers.input;
+  if (scaled_inputs_[index]) {
+    ScaleCopy(request.dtype, input, scaled_inputs_[index].get(), NumElements(request.shape),
+              request.prescale_factor);
+    input = scaled_inputs_[index].get();
+  }
+  TFRING_RETURN_IF_ERROR(transport_->ReduceScatter(input, entry.buffers.output, counts,
+                                                   request.dtype,
+                                                   TransportOp(request.reduce_op)));
+  const int64_t count = counts[transport_->rank()];
+  FinishReduction(request, entry.buffers.output, entry.buffers.output, count);
+  return Status::OK();
+}
+
+Status CollectiveExecutor::RunFusedReducescatter(const std::vector<size_t>& members,
+                                                 std::vector<TensorEntry>& entries) {
+  // Rank-major: region r holds, for every member in order, the rows rank r
+  // keeps. One in-place reduce-scatter leaves this rank's region, reduced,
+  // at the start of the buffer.
+  const int size = transport_->size();
+  const Request& first = entries[members[0]].request;
+  const int64_t element_size = DataTypeSize(first.dtype);
+  uint8_t* buffer = fusion_buffer_.get();
+  uint8_t* cursor = buffer;
+  std::vector<int64_t> counts(size, 0);
+  std::vector<int64_t> row_offset(members.size(), 0);  // rows of each member packed so far
+  for (int r = 0; r < size; ++r) {
+    for (size_t m = 0; m < members.size(); ++m) {
+      const TensorEntry& entry = entries[members[m]];
+      const RowLayout& layout = layouts_[members[m]];
+      const int64_t count = layout.recv_rows[r] * layout.row_bytes / element_size;
+      const uint8_t* input = static_cast<const uint8_t*>(entry.buffers.input);
+      ScaleCopy(first.dtype, input + row_offset[m] * layout.row_bytes, cursor, count,
+                entry.request.prescale_factor);
+      row_offset[m] += layout.recv_rows[r];
+      cursor += count * element_size;
+      counts[r] += count;
+    }
+  }
+  TFRING_RETURN_IF_ERROR(transport_->ReduceScatter(buffer, buffer, counts, first.dtype,
+                                                   TransportOp(first.reduce_op)));
+  cursor = buffer;
+  for (size_t index : members) {
+    const RowLayout& layout = layouts_[index];
+    const int64_t count = layout.recv_rows[transport_->rank()] * layout.row_bytes / element_size;
+    FinishReduction(entries[index].request, cursor, entries[index].buffers.output, count);
+    cursor += count * element_size;
+  }
+  return Status::OK();
+}
+
+Status CollectiveExecutor::RunAlltoall(size_t index, TensorEntry& entry) {
+  const RowLayout& layout = layouts_[index];
+  std::vector<int64_t> send_bytes, recv_bytes;
+  for (int64_t rows : layout.send_rows) send_bytes.push_back(rows * layout.row_bytes);
+  for (int64_t rows : layout.recv_rows) recv_bytes.push_back(rows * layout.row_bytes);
+  return transport_->Alltoallv(entry.buffers.input, send_bytes, entry.buffers.output, recv_bytes);
 }
 
 Status CollectiveExecutor::RunBroadcast(TensorEntry& entry) {

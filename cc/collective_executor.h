@@ -1,22 +1,28 @@
 // CollectiveExecutor: moves the data for one round's responses and completes
 // the framework's callbacks.
 //
-// It owns the persistent fusion buffer, reserved once at start-up. For a
-// fused batch it copies inputs in (applying prescale), reduces the buffer in
-// place once, and copies results out (applying postscale and the division of
-// Average). Direct allreduces, the allgathers and the broadcasts use the
-// framework's buffers as they are.
+// A round runs in three steps, each the same on every rank:
+//  1. Outputs. The first dimensions of allgathers and the splits of
+//     alltoalls are exchanged in one small collective for the whole round
+//     (row_layout.h); every output that depends on them, or on this rank's
+//     position (reducescatter), is allocated; the ranks agree on which
+//     allocations failed, so they all skip the same tensors.
+//  2. Plan: the fusion planner groups what remains into batches.
+//  3. Run: a fused batch is packed into the persistent fusion buffer
+//     (applying prescale), moved by one collective, and unpacked (applying
+//     postscale and the division of Average); a batch of one tensor uses
+//     the framework's buffers as they are.
 //
 // Failures come in two kinds, told apart by their status code:
 //  - a transport failure (kAborted): the ranks can no longer be assumed to
 //    make matching calls, so the batch at hand and every later one fail and
 //    the caller stops the job;
-//  - a per-tensor failure (any other code): an output this rank could not
-//    allocate, a size limit of the transport, an exception from a callback.
-//    Only that batch's tensors fail, on every rank where it applies, and the
-//    job goes on. A failure that only one rank sees before data moves (an
-//    allocation) is agreed on first, so no rank enters a collective that
-//    another rank skips.
+//  - a per-tensor failure (any other code): invalid alltoall splits, an
+//    output this rank could not allocate, a size limit of the transport, an
+//    exception from a callback. Only those tensors fail, on every rank where
+//    it applies, and the job goes on. A failure that only one rank sees
+//    before data moves (an allocation) is agreed on first, so no rank enters
+//    a collective that another rank skips.
 #ifndef TFRING_CC_COLLECTIVE_EXECUTOR_H_
 #define TFRING_CC_COLLECTIVE_EXECUTOR_H_
 
@@ -27,6 +33,7 @@
 #include "cc/config.h"
 #include "cc/fusion_planner.h"
 #include "cc/response.h"
+#include "cc/row_layout.h"
 #include "cc/status.h"
 #include "cc/tensor_queue.h"
 #include "cc/transport.h"
@@ -48,25 +55,41 @@ class CollectiveExecutor {
   Status Execute(const ResponseList& responses, TensorQueue* queue);
 
  private:
+  // Step 1 for the tensors not yet failed (`outcome[i]` OK): fills
+  // layouts_, allocates outputs, and sets `outcome[i]` for the tensors that
+  // fail, identically on every rank. Returns the transport's status.
+  Status PrepareOutputs(std::vector<TensorEntry>& entries, std::vector<Status>* outcome);
   Status RunBatch(const Batch& batch, std::vector<TensorEntry>& entries);
   // RunBatch, with any exception turned into a per-tensor Internal error.
   Status RunBatchCatching(const Batch& batch, std::vector<TensorEntry>& entries);
   Status RunFusedAllreduce(const std::vector<TensorEntry*>& members);
   Status RunDirectAllreduce(TensorEntry& entry);
-  Status RunAllgather(TensorEntry& entry);
+  Status RunFusedAllgather(const std::vector<size_t>& members, std::vector<TensorEntry>& entries);
+  Status RunDirectAllgather(size_t index, TensorEntry& entry);
+  Status RunFusedReducescatter(const std::vector<size_t>& members,
+                               std::vector<TensorEntry>& entries);
+  Status RunDirectReducescatter(size_t index, TensorEntry& entry);
+  Status RunAlltoall(size_t index, TensorEntry& entry);
   Status RunBroadcast(TensorEntry& entry);
-  // Collective: every rank learns whether `local` failed on any rank. On
-  // return *agreed is OK on every rank, or on every rank an error naming the
-  // ranks that failed (with this rank's own reason where it failed). The
-  // returned status is the transport's.
-  Status AgreeOnLocalFailure(const std::string& what, const Status& local, Status* agreed);
-  // Writes the reduced `src` to `dst`: postscale, then division by the size
-  // for Average.
-  void FinishReduction(const Request& request, const void* src, void* dst) const;
+  // Collective: every rank learns which of `local` (one status per tensor,
+  // the same tensors on every rank) failed on any rank. On return
+  // (*agreed)[i] is OK on every rank, or on every rank an error naming the
+  // ranks where tensor i failed (with this rank's own reason where it
+  // failed). The returned status is the transport's.
+  Status AgreeOnLocalFailures(const std::vector<std::string>& whats,
+                              const std::vector<Status>& local, std::vector<Status>* agreed);
+  // Writes `count` reduced elements from `src` to `dst`: postscale, then
+  // division by the size for Average.
+  void FinishReduction(const Request& request, const void* src, void* dst, int64_t count) const;
 
   Transport* transport_;
   const Config& config_;
   std::unique_ptr<uint8_t[]> fusion_buffer_;
+  // This round's layouts, by entry index (allgather, alltoall, reducescatter).
+  std::vector<RowLayout> layouts_;
+  // This round's scratch inputs of direct reducescatters with a prescale
+  // factor, by entry index (allocated in step 1 so a failure is agreed on).
+  std::vector<std::unique_ptr<uint8_t[]>> scaled_inputs_;
 };
 
 }  // namespace tfring

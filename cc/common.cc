@@ -59,8 +59,18 @@ const char* CollectiveTypeName(CollectiveType type) {
     case CollectiveType::kAllreduce: return "allreduce";
     case CollectiveType::kAllgather: return "allgather";
     case CollectiveType::kBroadcast: return "broadcast";
+    case CollectiveType::kAlltoall: return "alltoall";
+    case CollectiveType::kReducescatter: return "reducescatter";
   }
   return "unknown";
+}
+
+bool IsReduction(CollectiveType type) {
+  return type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter;
+}
+
+bool HasRunTimeShape(CollectiveType type) {
+  return type == CollectiveType::kAllgather || type == CollectiveType::kAlltoall;
 }
 
 bool IsImplementedReduceOp(int32_t op) {

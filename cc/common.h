@@ -45,6 +45,8 @@ enum class CollectiveType : int32_t {
   kAllreduce = 0,
   kAllgather = 1,
   kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
 };
 
 // Bytes per element of `dtype`.
@@ -53,16 +55,22 @@ TFRING_EXPORT int64_t DataTypeSize(DataType dtype);
 TFRING_EXPORT const char* DataTypeName(DataType dtype);
 // "Sum", "Average", ...
 TFRING_EXPORT const char* ReduceOpName(ReduceOp op);
-// "allreduce", "allgather", "broadcast".
+// "allreduce", "allgather", "broadcast", "alltoall", "reducescatter".
 TFRING_EXPORT const char* CollectiveTypeName(CollectiveType type);
 // Whether `op` (a ReduceOp value as an integer, as front ends receive it) is
 // one the core implements: Average, Sum, Min, Max, Product.
 TFRING_EXPORT bool IsImplementedReduceOp(int32_t op);
-// Whether a reduction of `dtype` is supported by the core (allreduce).
+// Whether a reduction of `dtype` is supported by the core (allreduce,
+// reducescatter).
 TFRING_EXPORT bool IsReducible(DataType dtype);
 // "[2, 3]" for printing shapes in error messages.
 TFRING_EXPORT std::string ShapeToString(const std::vector<int64_t>& shape);
 TFRING_EXPORT int64_t NumElements(const std::vector<int64_t>& shape);
+// Whether the collective reduces values (and so takes an op and scale factors).
+TFRING_EXPORT bool IsReduction(CollectiveType type);
+// Whether the output's first dimension depends on the other ranks' inputs,
+// which the core exchanges when the collective runs (allgather, alltoall).
+TFRING_EXPORT bool HasRunTimeShape(CollectiveType type);
 // "rank 2" or "ranks 0, 3", for messages that name ranks.
 std::string RanksToString(const std::vector<int>& ranks);
 
@@ -73,10 +81,10 @@ struct Request {
   CollectiveType type = CollectiveType::kAllreduce;
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
-  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce only
+  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce and reducescatter
   int32_t root_rank = 0;                // broadcast only
-  double prescale_factor = 1.0;         // allreduce only
-  double postscale_factor = 1.0;        // allreduce only
+  double prescale_factor = 1.0;         // allreduce and reducescatter
+  double postscale_factor = 1.0;        // allreduce and reducescatter
   int32_t rank = 0;                     // the submitting rank (filled by core)
 };
 

@@ -1,44 +1,62 @@
 #include "cc/fusion_planner.h"
 
 #include <map>
-#include <utility>
+#include <tuple>
 
 namespace tfring {
 namespace {
 
-ReduceOp EffectiveOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+// Candidates with the same key may share a batch: one collective call with
+// one dtype and one op (allgathers move bytes, so any dtypes mix).
+using BatchKey = std::tuple<CollectiveType, DataType, ReduceOp>;
+
+bool IsFusibleType(CollectiveType type) {
+  return type == CollectiveType::kAllreduce || type == CollectiveType::kAllgather ||
+         type == CollectiveType::kReducescatter;
+}
+
+BatchKey KeyOf(const Request& request) {
+  if (request.type == CollectiveType::kAllgather) {
+    return {request.type, DataType::kUInt8, ReduceOp::kSum};
+  }
+  // Average is a Sum followed by a division per tensor.
+  const ReduceOp op = request.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : request.reduce_op;
+  return {request.type, request.dtype, op};
+}
 
 }  // namespace
 
-std::vector<Batch> PlanBatches(const ResponseList& responses,
-                               const std::vector<int64_t>& byte_sizes,
+bool FitsFusionBuffer(int64_t bytes, int64_t fusion_threshold, int64_t direct_threshold) {
+  return fusion_threshold > 0 && bytes < direct_threshold &&
+         FusionFootprint(bytes) <= fusion_threshold;
+}
+
+std::vector<Batch> PlanBatches(const std::vector<FusionCandidate>& candidates,
                                int64_t fusion_threshold, int64_t direct_threshold) {
   std::vector<Batch> batches;
-  // Open fused batch per (dtype, op), as an index into `batches`.
-  std::map<std::pair<DataType, ReduceOp>, size_t> open_batch;
+  // The open batch per key, as an index into `batches`, and its footprint.
+  std::map<BatchKey, size_t> open_batch;
   std::map<size_t, int64_t> open_bytes;
 
-  for (size_t i = 0; i < responses.size(); ++i) {
-    const Response& response = responses[i];
-    const Request& request = response.request;
-    const int64_t bytes = FusionFootprint(byte_sizes[i]);
-    const bool fusible = !response.is_error && request.type == CollectiveType::kAllreduce &&
-                         fusion_threshold > 0 && byte_sizes[i] < direct_threshold &&
-                         bytes <= fusion_threshold;
+  for (const FusionCandidate& candidate : candidates) {
+    const Request& request = *candidate.request;
+    const int64_t bytes = FusionFootprint(candidate.bytes);
+    const bool fusible = IsFusibleType(request.type) &&
+                         FitsFusionBuffer(candidate.bytes, fusion_threshold, direct_threshold);
     if (!fusible) {
-      batches.push_back(Batch{{i}, false});
+      batches.push_back(Batch{{candidate.index}, false});
       continue;
     }
-    const auto key = std::make_pair(request.dtype, EffectiveOp(request.reduce_op));
+    const BatchKey key = KeyOf(request);
     auto it = open_batch.find(key);
     if (it != open_batch.end() && open_bytes[it->second] + bytes <= fusion_threshold) {
-      batches[it->second].members.push_back(i);
+      batches[it->second].members.push_back(candidate.index);
       open_bytes[it->second] += bytes;
       continue;
     }
     open_batch[key] = batches.size();
     open_bytes[batches.size()] = bytes;
-    batches.push_back(Batch{{i}, true});
+    batches.push_back(Batch{{candidate.index}, true});
   }
   return batches;
 }

@@ -1,13 +1,15 @@
-// FusionPlanner: groups a round's allreduce responses into batches that run
-// as one collective each.
+// FusionPlanner: groups a round's collectives into batches that run as one
+// collective each.
 //
 // Why: a training step submits hundreds of gradients; one MPI call per small
 // tensor is dominated by latency. Small allreduces of the same dtype and op
-// are packed into the fusion buffer (up to TFRING_FUSION_THRESHOLD bytes);
-// large ones (>= TFRING_DIRECT_THRESHOLD) skip the buffer and reduce straight
-// from input to output, saving two copies. Planning is a pure function of the
-// ordered response list and the tensor sizes, both identical on all ranks, so
-// every rank forms the same batches.
+// are packed into the fusion buffer (up to TFRING_FUSION_THRESHOLD bytes) and
+// reduced once; so are reducescatters, and allgathers of any dtypes (they
+// move bytes). Large tensors (>= TFRING_DIRECT_THRESHOLD) skip the buffer
+// and go straight from input to output, saving two copies. Alltoall and
+// broadcast always run alone. Planning is a pure function of the ordered
+// candidates and their sizes, both identical on all ranks, so every rank
+// forms the same batches.
 #ifndef TFRING_CC_FUSION_PLANNER_H_
 #define TFRING_CC_FUSION_PLANNER_H_
 
@@ -28,17 +30,27 @@ inline int64_t FusionFootprint(int64_t bytes) {
 }
 
 struct Batch {
-  // Indices into the response list, in execution order.
+  // The candidates' `index` values, in execution order.
   std::vector<size_t> members;
   // True when the members share the fusion buffer.
   bool fused = false;
 };
 
-// `byte_sizes[i]` is the size of response i's tensor on this rank. A fused
-// batch's footprint (the sum of its members' FusionFootprint) never exceeds
-// `fusion_threshold`, so a buffer of that size holds any batch.
-std::vector<Batch> PlanBatches(const ResponseList& responses,
-                               const std::vector<int64_t>& byte_sizes,
+struct FusionCandidate {
+  size_t index = 0;  // the caller's index, copied into Batch::members
+  const Request* request = nullptr;
+  // The tensor's footprint in a fused batch, identical on every rank: the
+  // input for allreduce and reducescatter, the gathered output for allgather.
+  int64_t bytes = 0;
+};
+
+// Whether a fusible tensor of `bytes` (as in FusionCandidate) goes into a
+// fused batch rather than running directly on its own buffers.
+bool FitsFusionBuffer(int64_t bytes, int64_t fusion_threshold, int64_t direct_threshold);
+
+// A fused batch's footprint (the sum of its members' FusionFootprint) never
+// exceeds `fusion_threshold`, so a buffer of that size holds any batch.
+std::vector<Batch> PlanBatches(const std::vector<FusionCandidate>& candidates,
                                int64_t fusion_threshold, int64_t direct_threshold);
 
 }  // namespace tfring

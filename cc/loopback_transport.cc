@@ -72,29 +72,73 @@ Status LoopbackTransport::Allreduce(const void* input, void* output, int64_t cou
   return Status::OK();
 }
 
-Status LoopbackTransport::AllgatherInt64(int64_t local, std::vector<int64_t>* all) {
-  std::string mine(reinterpret_cast<const char*>(&local), sizeof(local));
+Status LoopbackTransport::AllgatherInt64s(const std::vector<int64_t>& local,
+                                          std::vector<int64_t>* all) {
+  const std::string mine(reinterpret_cast<const char*>(local.data()), local.size() * 8);
   all->clear();
   for (const std::string& theirs : world_->Exchange(rank_, mine)) {
-    int64_t value;
-    std::memcpy(&value, theirs.data(), sizeof(value));
-    all->push_back(value);
+    if (theirs.size() != mine.size()) {
+      return Status::Aborted("loopback: run-time shape exchanges of different lengths");
+    }
+    const int64_t* words = reinterpret_cast<const int64_t*>(theirs.data());
+    all->insert(all->end(), words, words + local.size());
   }
   return Status::OK();
 }
 
 Status LoopbackTransport::Allgatherv(const void* input, int64_t input_bytes, void* output,
                                      const std::vector<int64_t>& bytes_per_rank) {
-  std::vector<std::string> all =
-      world_->Exchange(rank_, std::string(static_cast<const char*>(input), input_bytes));
+  int64_t my_offset = 0;
+  for (int r = 0; r < rank_; ++r) my_offset += bytes_per_rank[r];
+  const char* mine = input != nullptr ? static_cast<const char*>(input)
+                                      : static_cast<const char*>(output) + my_offset;
+  std::vector<std::string> all = world_->Exchange(rank_, std::string(mine, input_bytes));
   char* cursor = static_cast<char*>(output);
   for (size_t r = 0; r < all.size(); ++r) {
     if (static_cast<int64_t>(all[r].size()) != bytes_per_rank[r]) {
-      return Status::Internal("loopback: allgather sizes disagree");
+      return Status::Aborted("loopback: allgather sizes disagree");
     }
     std::memcpy(cursor, all[r].data(), all[r].size());
     cursor += all[r].size();
   }
+  return Status::OK();
+}
+
+Status LoopbackTransport::Alltoallv(const void* input, const std::vector<int64_t>& send_bytes,
+                                    void* output, const std::vector<int64_t>& recv_bytes) {
+  // Every rank publishes its whole input with its send sizes in front; each
+  // then picks the block addressed to it.
+  int64_t total = 0;
+  for (int64_t bytes : send_bytes) total += bytes;
+  std::string mine(reinterpret_cast<const char*>(send_bytes.data()), send_bytes.size() * 8);
+  mine.append(static_cast<const char*>(input), total);
+  std::vector<std::string> all = world_->Exchange(rank_, std::move(mine));
+  char* cursor = static_cast<char*>(output);
+  for (size_t r = 0; r < all.size(); ++r) {
+    const int64_t* their_sizes = reinterpret_cast<const int64_t*>(all[r].data());
+    int64_t offset = 0;
+    for (int j = 0; j < rank_; ++j) offset += their_sizes[j];
+    if (their_sizes[rank_] != recv_bytes[r]) {
+      return Status::Aborted("loopback: alltoall sizes disagree");
+    }
+    std::memcpy(cursor, all[r].data() + all.size() * 8 + offset, recv_bytes[r]);
+    cursor += recv_bytes[r];
+  }
+  return Status::OK();
+}
+
+Status LoopbackTransport::ReduceScatter(const void* input, void* output,
+                                        const std::vector<int64_t>& counts, DataType dtype,
+                                        ReduceOp op) {
+  int64_t total = 0, my_offset = 0;
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    if (r < rank_) my_offset += counts[r];
+    total += counts[r];
+  }
+  std::vector<uint8_t> reduced(total * DataTypeSize(dtype));
+  TFRING_RETURN_IF_ERROR(Allreduce(input, reduced.data(), total, dtype, op));
+  std::memcpy(output, reduced.data() + my_offset * DataTypeSize(dtype),
+              counts[rank_] * DataTypeSize(dtype));
   return Status::OK();
 }
 

@@ -48,10 +48,14 @@ class LoopbackTransport : public Transport {
   Status BroadcastFromRoot(std::string* bytes) override;
   Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                    ReduceOp op) override;
-  Status AllgatherInt64(int64_t local, std::vector<int64_t>* all) override;
+  Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) override;
   Status Allgatherv(const void* input, int64_t input_bytes, void* output,
                     const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buffer, int64_t bytes, int root_rank) override;
+  Status Alltoallv(const void* input, const std::vector<int64_t>& send_bytes, void* output,
+                   const std::vector<int64_t>& recv_bytes) override;
+  Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op) override;
 
  private:
   std::shared_ptr<LoopbackWorld> world_;

@@ -83,6 +83,25 @@ MPI_Op ToMpiOp(DataType dtype, ReduceOp op) {
   }
 }
 
+// MPI's int counts and displacements for consecutive blocks of the given
+// sizes. Fails (on every rank alike: the sizes are the same everywhere) when
+// the total does not fit an int.
+Status IntCountsAndOffsets(const std::vector<int64_t>& sizes, const char* what,
+                           std::vector<int>* counts, std::vector<int>* offsets) {
+  int64_t offset = 0;
+  for (int64_t size : sizes) {
+    if (offset + size > INT_MAX) {
+      return Status::InvalidArgument(
+          std::string("tfring ") + what + " exceeds 2 GiB, which the MPI transport does not "
+          "support yet; split the tensor into smaller ones");
+    }
+    counts->push_back(static_cast<int>(size));
+    offsets->push_back(static_cast<int>(offset));
+    offset += size;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport) {
@@ -203,30 +222,50 @@ Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, D
   return Status::OK();
 }
 
-Status MpiTransport::AllgatherInt64(int64_t local, std::vector<int64_t>* all) {
-  all->assign(topology_.size, 0);
-  TFRING_MPI_CALL(MPI_Allgather(&local, 1, MPI_INT64_T, all->data(), 1, MPI_INT64_T, comm_),
-                  "MPI_Allgather (allgather sizes)");
+Status MpiTransport::AllgatherInt64s(const std::vector<int64_t>& local,
+                                     std::vector<int64_t>* all) {
+  all->assign(local.size() * topology_.size, 0);
+  TFRING_MPI_CALL(MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_INT64_T,
+                                all->data(), static_cast<int>(local.size()), MPI_INT64_T, comm_),
+                  "MPI_Allgather (run-time shapes)");
   return Status::OK();
 }
 
 Status MpiTransport::Allgatherv(const void* input, int64_t input_bytes, void* output,
                                 const std::vector<int64_t>& bytes_per_rank) {
   std::vector<int> counts, offsets;
-  int64_t offset = 0;
-  for (int64_t bytes : bytes_per_rank) {
-    if (offset + bytes > INT_MAX) {
-      return Status::InvalidArgument(
-          "tfring allgather output exceeds 2 GiB, which this transport does not support yet; "
-          "gather smaller tensors");
-    }
-    counts.push_back(static_cast<int>(bytes));
-    offsets.push_back(static_cast<int>(offset));
-    offset += bytes;
-  }
-  TFRING_MPI_CALL(MPI_Allgatherv(input, static_cast<int>(input_bytes), MPI_BYTE, output,
+  TFRING_RETURN_IF_ERROR(IntCountsAndOffsets(bytes_per_rank, "allgather output", &counts,
+                                             &offsets));
+  const void* send = input == nullptr ? MPI_IN_PLACE : input;
+  TFRING_MPI_CALL(MPI_Allgatherv(send, static_cast<int>(input_bytes), MPI_BYTE, output,
                                  counts.data(), offsets.data(), MPI_BYTE, comm_),
                   "MPI_Allgatherv");
+  return Status::OK();
+}
+
+Status MpiTransport::Alltoallv(const void* input, const std::vector<int64_t>& send_bytes,
+                               void* output, const std::vector<int64_t>& recv_bytes) {
+  std::vector<int> send_counts, send_offsets, recv_counts, recv_offsets;
+  TFRING_RETURN_IF_ERROR(IntCountsAndOffsets(send_bytes, "alltoall input", &send_counts,
+                                             &send_offsets));
+  TFRING_RETURN_IF_ERROR(IntCountsAndOffsets(recv_bytes, "alltoall output", &recv_counts,
+                                             &recv_offsets));
+  TFRING_MPI_CALL(MPI_Alltoallv(input, send_counts.data(), send_offsets.data(), MPI_BYTE, output,
+                                recv_counts.data(), recv_offsets.data(), MPI_BYTE, comm_),
+                  "MPI_Alltoallv");
+  return Status::OK();
+}
+
+Status MpiTransport::ReduceScatter(const void* input, void* output,
+                                   const std::vector<int64_t>& counts, DataType dtype,
+                                   ReduceOp op) {
+  std::vector<int> int_counts, offsets;
+  TFRING_RETURN_IF_ERROR(IntCountsAndOffsets(counts, "reducescatter input (in elements)",
+                                             &int_counts, &offsets));
+  const void* send = input == output ? MPI_IN_PLACE : input;
+  TFRING_MPI_CALL(MPI_Reduce_scatter(send, output, int_counts.data(), ToMpiType(dtype),
+                                     ToMpiOp(dtype, op), comm_),
+                  "MPI_Reduce_scatter");
   return Status::OK();
 }
 

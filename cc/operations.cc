@@ -186,16 +186,21 @@ Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
                                    "expected 0 <= root_rank < size() = " + std::to_string(size) +
                                    ".");
   }
-  if (request.type == CollectiveType::kAllreduce &&
-      (!IsReducible(request.dtype) ||
-       !IsImplementedReduceOp(static_cast<int32_t>(request.reduce_op)))) {
-    return Status::InvalidArgument(
-        std::string("tfring allreduce of '") + request.name + "': reduce op " +
-        ReduceOpName(request.reduce_op) + " (" +
-        std::to_string(static_cast<int32_t>(request.reduce_op)) + ") on " +
-        DataTypeName(request.dtype) +
-        " is not supported. Supported ops: Sum, Average, Min, Max, Product on uint8, int8, "
-        "int32, int64, float16, bfloat16, float32, float64.");
+  if (IsReduction(request.type)) {
+    const bool reducescatter = request.type == CollectiveType::kReducescatter;
+    const bool op_supported = reducescatter ? (request.reduce_op == ReduceOp::kSum ||
+                                               request.reduce_op == ReduceOp::kAverage)
+                                            : IsImplementedReduceOp(
+                                                  static_cast<int32_t>(request.reduce_op));
+    if (!op_supported || !IsReducible(request.dtype)) {
+      return Status::InvalidArgument(
+          std::string("tfring ") + CollectiveTypeName(request.type) + " of '" + request.name +
+          "': reduce op " + ReduceOpName(request.reduce_op) + " (" +
+          std::to_string(static_cast<int32_t>(request.reduce_op)) + ") on " +
+          DataTypeName(request.dtype) + " is not supported. Supported ops: " +
+          (reducescatter ? "Sum, Average" : "Sum, Average, Min, Max, Product") +
+          " on uint8, int8, int32, int64, float16, bfloat16, float32, float64.");
+    }
   }
   return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)});
 }

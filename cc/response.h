@@ -12,8 +12,9 @@
 namespace tfring {
 
 struct Response {
-  // The agreed request. For allgather the first dimension is set to -1: it
-  // may differ between ranks and is exchanged when the collective runs.
+  // The agreed request. For allgather and alltoall the first dimension is
+  // set to -1: it may differ between ranks and is exchanged when the
+  // collective runs.
   Request request;
   bool is_error = false;
   // Shown verbatim to the user on every rank when is_error.

@@ -77,6 +77,20 @@ std::string TrailingAndFullShape(const Request& request) {
   return TrailingShape(request) + " (full shape " + ShapeToString(request.shape) + ")";
 }
 
+// Alltoall and reducescatter divide dimension 0 between the ranks.
+Response ScalarRejected(const Request& request) {
+  Response response;
+  response.request = request;
+  response.is_error = true;
+  response.error_message = std::string("tfring ") + CollectiveTypeName(request.type) +
+                           " of tensor '" + request.name +
+                           "': the tensor is a scalar, but a " + CollectiveTypeName(request.type) +
+                           " divides dimension 0 between the ranks, so it needs at least one "
+                           "dimension. Reshape it, e.g. tf.reshape(x, [1]) (every rank passed a "
+                           "scalar).";
+  return response;
+}
+
 }  // namespace
 
 Response BuildResponse(const std::vector<Request>& requests) {
@@ -92,7 +106,7 @@ Response BuildResponse(const std::vector<Request>& requests) {
     return mismatch;
   }
   const CollectiveType type = requests[0].type;
-  if (type == CollectiveType::kAllreduce) {
+  if (IsReduction(type)) {
     if (Disagree(requests, "reduction op",
                  [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); },
                  kSameProgramFix, &mismatch) ||
@@ -111,24 +125,30 @@ Response BuildResponse(const std::vector<Request>& requests) {
                "Pass the same root_rank on every rank.", &mismatch)) {
     return mismatch;
   }
-  if (type == CollectiveType::kAllgather) {
+  if (HasRunTimeShape(type)) {
     if (Disagree(requests, "shape after the first dimension", TrailingShape,
-                 "Only the first dimension may differ between ranks in an allgather.",
+                 std::string("Only the first dimension may differ between ranks in an ") +
+                     CollectiveTypeName(type) + ".",
                  &mismatch, TrailingAndFullShape)) {
       return mismatch;
     }
   } else if (Disagree(requests, "shape",
                       [](const Request& r) { return ShapeToString(r.shape); },
                       "Check that every rank builds the same model and feeds inputs of the same "
-                      "shape (only allgather accepts a first dimension that differs).",
+                      "shape (only allgather and alltoall accept a first dimension that "
+                      "differs).",
                       &mismatch)) {
     return mismatch;
+  }
+  if ((type == CollectiveType::kAlltoall || type == CollectiveType::kReducescatter) &&
+      requests[0].shape.empty()) {
+    return ScalarRejected(requests[0]);
   }
 
   Response response;
   response.request = requests[0];
   response.request.rank = 0;
-  if (type == CollectiveType::kAllgather && !response.request.shape.empty()) {
+  if (HasRunTimeShape(type) && !response.request.shape.empty()) {
     response.request.shape[0] = -1;
   }
   return response;

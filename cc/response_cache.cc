@@ -6,20 +6,16 @@ namespace tfring {
 
 bool SameSignature(const Request& a, const Request& b) {
   if (a.type != b.type || a.dtype != b.dtype || a.shape.size() != b.shape.size()) return false;
-  const size_t first_compared = a.type == CollectiveType::kAllgather ? 1 : 0;
+  const size_t first_compared = HasRunTimeShape(a.type) ? 1 : 0;
   for (size_t i = first_compared; i < a.shape.size(); ++i) {
     if (a.shape[i] != b.shape[i]) return false;
   }
-  switch (a.type) {
-    case CollectiveType::kAllreduce:
-      return a.reduce_op == b.reduce_op && a.prescale_factor == b.prescale_factor &&
-             a.postscale_factor == b.postscale_factor;
-    case CollectiveType::kBroadcast:
-      return a.root_rank == b.root_rank;
-    case CollectiveType::kAllgather:
-      return true;
+  if (IsReduction(a.type)) {
+    return a.reduce_op == b.reduce_op && a.prescale_factor == b.prescale_factor &&
+           a.postscale_factor == b.postscale_factor;
   }
-  return false;
+  if (a.type == CollectiveType::kBroadcast) return a.root_rank == b.root_rank;
+  return true;
 }
 
 ResponseCache::ResponseCache(int64_t capacity)

@@ -21,8 +21,8 @@
 namespace tfring {
 
 // True when `a` and `b` can be answered by the same response: same type,
-// dtype, op, root, scale factors and shape (for allgather, all but the first
-// dimension).
+// dtype, op, root, scale factors and shape (for allgather and alltoall, all
+// but the first dimension).
 bool SameSignature(const Request& a, const Request& b);
 
 class ResponseCache {

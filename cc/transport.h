@@ -38,12 +38,27 @@ class Transport {
   // `op` is kSum, kMin, kMax or kProduct (Average is a scaled Sum).
   virtual Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
-  // Every rank learns every rank's `local` value.
-  virtual Status AllgatherInt64(int64_t local, std::vector<int64_t>* all) = 0;
-  // Concatenates each rank's bytes, in rank order, into `output`.
+  // Every rank learns every rank's `local` words (as many on every rank),
+  // concatenated in rank order into `all`.
+  virtual Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) = 0;
+  // Concatenates each rank's bytes, in rank order, into `output`. A null
+  // `input` means in place: this rank's bytes are already at its position
+  // in `output`.
   virtual Status Allgatherv(const void* input, int64_t input_bytes, void* output,
                             const std::vector<int64_t>& bytes_per_rank) = 0;
   virtual Status Broadcast(void* buffer, int64_t bytes, int root_rank) = 0;
+  // Rank r sends send_bytes[j] bytes (consecutive in `input`, in rank order)
+  // to each rank j and receives recv_bytes[j] bytes from each rank j
+  // (consecutive in `output`, in rank order).
+  virtual Status Alltoallv(const void* input, const std::vector<int64_t>& send_bytes,
+                           void* output, const std::vector<int64_t>& recv_bytes) = 0;
+  // Reduces the ranks' inputs of sum(counts) elements element-wise; rank r
+  // receives the counts[r] elements that follow counts[0..r-1]. `input` may
+  // equal `output` (in place: `output` holds the whole input and the result
+  // goes to its start). `op` as for Allreduce.
+  virtual Status ReduceScatter(const void* input, void* output,
+                               const std::vector<int64_t>& counts, DataType dtype,
+                               ReduceOp op) = 0;
 };
 
 }  // namespace tfring

@@ -354,33 +354,51 @@ void TestPeerShutdownFailsPending(int size) {
 }
 
 void TestFusionPlanner(int) {
-  auto response = [](DataType dtype, ReduceOp op, CollectiveType type = CollectiveType::kAllreduce) {
-    Response r;
-    r.request.type = type;
-    r.request.dtype = dtype;
-    r.request.reduce_op = op;
+  auto request = [](DataType dtype, ReduceOp op, CollectiveType type = CollectiveType::kAllreduce) {
+    Request r;
+    r.type = type;
+    r.dtype = dtype;
+    r.reduce_op = op;
     return r;
   };
-  ResponseList responses = {response(DataType::kFloat32, ReduceOp::kSum),
-                             response(DataType::kFloat64, ReduceOp::kSum),
-                             response(DataType::kFloat32, ReduceOp::kAverage),
-                             response(DataType::kFloat32, ReduceOp::kSum, CollectiveType::kBroadcast),
-                             response(DataType::kFloat32, ReduceOp::kSum),
-                             response(DataType::kFloat32, ReduceOp::kMax),
-                             response(DataType::kFloat32, ReduceOp::kSum)};
-  std::vector<int64_t> sizes = {100, 100, 100, 100, 5000, 100, 900};
-  std::vector<Batch> batches = PlanBatches(responses, sizes, 1000, 4000);
+  const std::vector<Request> requests = {
+      request(DataType::kFloat32, ReduceOp::kSum),
+      request(DataType::kFloat64, ReduceOp::kSum),
+      request(DataType::kFloat32, ReduceOp::kAverage),
+      request(DataType::kFloat32, ReduceOp::kSum, CollectiveType::kBroadcast),
+      request(DataType::kFloat32, ReduceOp::kSum),
+      request(DataType::kFloat32, ReduceOp::kMax),
+      request(DataType::kFloat32, ReduceOp::kSum),
+      request(DataType::kInt32, ReduceOp::kSum, CollectiveType::kAllgather),
+      request(DataType::kFloat64, ReduceOp::kSum, CollectiveType::kAllgather),
+      request(DataType::kFloat32, ReduceOp::kSum, CollectiveType::kReducescatter),
+      request(DataType::kFloat32, ReduceOp::kAverage, CollectiveType::kReducescatter),
+      request(DataType::kInt8, ReduceOp::kSum, CollectiveType::kAlltoall),
+      request(DataType::kInt8, ReduceOp::kSum, CollectiveType::kAlltoall)};
+  const std::vector<int64_t> sizes = {100, 100, 100, 100, 5000, 100, 900,
+                                      100, 100, 100, 100, 100, 100};
+  std::vector<FusionCandidate> candidates;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    candidates.push_back(FusionCandidate{i * 10, &requests[i], sizes[i]});
+  }
+  std::vector<Batch> batches = PlanBatches(candidates, 1000, 4000);
   // float32 Sum/Average share a batch (Average is a scaled Sum) until 1000
-  // bytes; the 5000-byte tensor goes direct; Max and float64 stand apart.
-  std::vector<std::vector<size_t>> expected = {{0, 2}, {1}, {3}, {4}, {5}, {6}};
+  // bytes; the 5000-byte tensor goes direct; Max and float64 stand apart;
+  // allgathers of any dtypes share one; reducescatters fuse apart from
+  // allreduces; alltoalls and broadcasts run alone. Members carry the
+  // candidates' indices.
+  std::vector<std::vector<size_t>> expected = {{0, 20}, {10}, {30},  {40},  {50},
+                                               {60},    {70, 80}, {90, 100}, {110}, {120}};
   EXPECT_TRUE(batches.size() == expected.size(), batches.size() << " batches");
-  for (size_t b = 0; b < batches.size(); ++b) {
+  for (size_t b = 0; b < batches.size() && b < expected.size(); ++b) {
     EXPECT_TRUE(batches[b].members == expected[b], "batch " << b);
   }
-  EXPECT_TRUE(batches[0].fused && !batches[2].fused && !batches[3].fused, "fused flags");
-  EXPECT_TRUE(PlanBatches({}, {}, 1000, 4000).empty(), "empty plan");
-  std::vector<Batch> unfused = PlanBatches(responses, sizes, 0, 4000);
-  EXPECT_TRUE(unfused.size() == responses.size(), "threshold 0 disables fusion");
+  EXPECT_TRUE(batches[0].fused && !batches[2].fused && !batches[3].fused && batches[6].fused &&
+                  batches[7].fused && !batches[8].fused,
+              "fused flags");
+  EXPECT_TRUE(PlanBatches({}, 1000, 4000).empty(), "empty plan");
+  std::vector<Batch> unfused = PlanBatches(candidates, 0, 4000);
+  EXPECT_TRUE(unfused.size() == candidates.size(), "threshold 0 disables fusion");
 }
 
 void TestHalfConversions(int) {
@@ -613,6 +631,235 @@ void TestIntegerAverage(int size) {
   });
 }
 
+// Alltoall: rank i sends (i + j) % 3 rows to rank j (zero rows to or from
+// some ranks), each row [i, j, k]; also an even split, zero-size rows and a
+// rank that sends nothing at all. Run twice (the second through the cache).
+void TestAlltoall(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    for (int step = 0; step < 2; ++step) {
+      std::vector<int64_t> splits;
+      std::vector<int32_t> values;
+      for (int j = 0; j < size; ++j) {
+        const int64_t rows = rank == 1 ? 0 : (rank + j + step) % 3;  // rank 1 sends nothing
+        splits.push_back(rows);
+        for (int64_t k = 0; k < rows; ++k) values.insert(values.end(), {rank, j, int32_t(k)});
+      }
+      const int64_t my_rows = static_cast<int64_t>(values.size() / 3);
+      auto sent = Submit(cluster.rank(rank),
+                         MakeRequest("a2a", CollectiveType::kAlltoall, DataType::kInt32,
+                                     {my_rows, 3}),
+                         Bytes(values), splits);
+      Status status = Await(*sent);
+      EXPECT_TRUE(status.ok(), status.message());
+      std::vector<int64_t> expected_splits;
+      std::vector<int32_t> expected;
+      for (int i = 0; i < size; ++i) {
+        const int64_t rows = i == 1 ? 0 : (i + rank + step) % 3;
+        expected_splits.push_back(rows);
+        for (int64_t k = 0; k < rows; ++k) expected.insert(expected.end(), {i, rank, int32_t(k)});
+      }
+      const int64_t received = static_cast<int64_t>(expected.size() / 3);
+      EXPECT_TRUE(sent->output_shape == std::vector<int64_t>({received, 3}),
+                  ShapeToString(sent->output_shape));
+      EXPECT_TRUE(sent->received_splits == expected_splits,
+                  "received splits " << ShapeToString(sent->received_splits));
+      EXPECT_TRUE(Values<int32_t>(sent->output, expected.size()) == expected, "alltoall rows");
+    }
+    // Even split of size * 2 rows of one byte each.
+    std::vector<uint8_t> bytes(size * 2);
+    for (int i = 0; i < size * 2; ++i) bytes[i] = uint8_t(rank * 16 + i);
+    auto even = Submit(cluster.rank(rank),
+                       MakeRequest("a2a_even", CollectiveType::kAlltoall, DataType::kUInt8,
+                                   {size * 2}),
+                       bytes);
+    EXPECT_TRUE(Await(*even).ok(), "even alltoall");
+    for (int i = 0; i < size; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        EXPECT_TRUE(even->output[i * 2 + k] == uint8_t(i * 16 + rank * 2 + k),
+                    "even split from rank " << i);
+      }
+    }
+    // Zero-size rows move nothing but still report their splits.
+    auto hollow = Submit(cluster.rank(rank),
+                         MakeRequest("a2a_hollow", CollectiveType::kAlltoall, DataType::kFloat32,
+                                     {size, 0}),
+                         {});
+    EXPECT_TRUE(Await(*hollow).ok(), "zero-size alltoall");
+    EXPECT_TRUE(hollow->output_shape == std::vector<int64_t>({size, 0}),
+                ShapeToString(hollow->output_shape));
+  });
+}
+
+// Bad splits on one rank fail the alltoall on every rank with an
+// InvalidArgument naming that rank and what is wrong; the job goes on.
+void TestAlltoallBadSplits(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  struct Case {
+    const char* name;
+    std::vector<int64_t> bad_splits;  // on the last rank
+    const char* expected_text;
+  };
+  std::vector<int64_t> negative(size, 1), wrong_sum(size, 1), wrong_length(size + 1, 0);
+  negative[0] = -1;
+  if (size > 1) negative[size - 1] = 2;  // still sums to size
+  wrong_sum[0] = 2;
+  wrong_length[0] = size;
+  const std::vector<Case> cases = {
+      {"negative", negative, "negative entry at index 0"},
+      {"wrong_sum", wrong_sum, "sum to"},
+      {"wrong_length", wrong_length, "entries, expected one per rank"},
+  };
+  OnEveryRank(size, [&](int rank) {
+    for (const Case& c : cases) {
+      std::vector<int64_t> splits(size, 1);
+      if (rank == size - 1) splits = c.bad_splits;
+      auto tensor = Submit(cluster.rank(rank),
+                           MakeRequest(c.name, CollectiveType::kAlltoall, DataType::kInt64,
+                                       {size}),
+                           Bytes(std::vector<int64_t>(size, rank)), splits);
+      Status status = Await(*tensor);
+      const std::string message = status.message();
+      EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument, c.name << ": " << message);
+      EXPECT_TRUE(message.find("rank " + std::to_string(size - 1) + ": ") != std::string::npos &&
+                      message.find(c.expected_text) != std::string::npos &&
+                      message.find("'" + std::string(c.name) + "'") != std::string::npos,
+                  c.name << ": " << message);
+    }
+    // Rows that do not divide evenly, with no splits given.
+    auto uneven = Submit(cluster.rank(rank),
+                         MakeRequest("uneven", CollectiveType::kAlltoall, DataType::kInt8,
+                                     {size + 1}),
+                         std::vector<uint8_t>(size + 1));
+    Status status = Await(*uneven);
+    if (size > 1) {
+      EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument &&
+                      status.message().find("does not divide evenly") != std::string::npos,
+                  status.message());
+    }
+    // A scalar is rejected on every rank; then a good alltoall works.
+    auto scalar = Submit(cluster.rank(rank),
+                         MakeRequest("a2a_scalar", CollectiveType::kAlltoall, DataType::kInt8, {}),
+                         std::vector<uint8_t>(1));
+    status = Await(*scalar);
+    EXPECT_TRUE(!status.ok() && status.message().find("scalar") != std::string::npos,
+                status.message());
+    auto good = Submit(cluster.rank(rank),
+                       MakeRequest("good", CollectiveType::kAlltoall, DataType::kInt64, {size}),
+                       Bytes(std::vector<int64_t>(size, rank)));
+    status = Await(*good);
+    EXPECT_TRUE(status.ok(), status.message());
+    for (int i = 0; i < size; ++i) {
+      EXPECT_TRUE(Values<int64_t>(good->output, size)[i] == i, "good alltoall after errors");
+    }
+  });
+}
+
+// Reducescatter: rows that divide evenly or not (the first rows % size ranks
+// get one more), fewer rows than ranks, Sum and Average, scale factors, fused
+// (many small tensors) and direct (fusion disabled).
+void TestReducescatter(int size) {
+  for (int64_t fusion_threshold : {int64_t{1} << 20, int64_t{0}}) {
+    Config config = TestConfig();
+    config.fusion_threshold = fusion_threshold;
+    LoopbackCluster cluster(size, config);
+    OnEveryRank(size, [&](int rank) {
+      const std::vector<int64_t> row_counts = {1, 2, 3, 5, 7, 2 * size, 2 * size + 1};
+      std::vector<std::unique_ptr<Submitted>> submitted;
+      for (size_t t = 0; t < row_counts.size(); ++t) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+          const int64_t rows = row_counts[t];
+          std::vector<float> values;
+          for (int64_t i = 0; i < rows * 2; ++i) values.push_back(float((rank + 1) * (i + 1)));
+          Request request = MakeRequest("rs_" + std::to_string(t) + ReduceOpName(op),
+                                        CollectiveType::kReducescatter, DataType::kFloat32,
+                                        {rows, 2});
+          request.reduce_op = op;
+          request.prescale_factor = 2.0;
+          request.postscale_factor = 0.5;
+          submitted.push_back(Submit(cluster.rank(rank), request, Bytes(values)));
+        }
+      }
+      const float rank_sum = size * (size + 1) / 2.0f;
+      for (size_t t = 0; t < row_counts.size(); ++t) {
+        for (int o = 0; o < 2; ++o) {
+          Submitted& tensor = *submitted[t * 2 + o];
+          Status status = Await(tensor);
+          EXPECT_TRUE(status.ok(), status.message());
+          const int64_t rows = row_counts[t];
+          const int64_t mine = rows / size + (rank < rows % size ? 1 : 0);
+          int64_t start = 0;
+          for (int r = 0; r < rank; ++r) start += rows / size + (r < rows % size ? 1 : 0);
+          EXPECT_TRUE(tensor.output_shape == std::vector<int64_t>({mine, 2}),
+                      "rows " << rows << " shape " << ShapeToString(tensor.output_shape));
+          std::vector<float> out = Values<float>(tensor.output, mine * 2);
+          for (int64_t i = 0; i < mine * 2; ++i) {
+            const float sum = rank_sum * float(start * 2 + i + 1);
+            const float expected = o == 0 ? sum : sum / size;
+            EXPECT_TRUE(out[i] == expected, "rows " << rows << " op " << o << " element " << i
+                                                    << " = " << out[i] << ", expected "
+                                                    << expected);
+          }
+        }
+      }
+      // Integer Average truncates toward zero; a scalar is rejected.
+      Request request = MakeRequest("rs_int", CollectiveType::kReducescatter, DataType::kInt32,
+                                    {size});
+      request.reduce_op = ReduceOp::kAverage;
+      auto ints = Submit(cluster.rank(rank), request,
+                         Bytes(std::vector<int32_t>(size, rank == 0 ? -2 * size - 1 : 0)));
+      EXPECT_TRUE(Await(*ints).ok(), "integer reducescatter");
+      const int32_t got = Values<int32_t>(ints->output, 1)[0];
+      EXPECT_TRUE(got == (-2 * size - 1) / size, "integer average " << got);
+      auto scalar = Submit(cluster.rank(rank),
+                           MakeRequest("rs_scalar", CollectiveType::kReducescatter,
+                                       DataType::kFloat32, {}),
+                           Bytes(std::vector<float>{1}));
+      Status status = Await(*scalar);
+      EXPECT_TRUE(!status.ok() && status.message().find("scalar") != std::string::npos,
+                  status.message());
+    });
+  }
+}
+
+// Many small allgathers of several dtypes in one round share one fused
+// Allgatherv; results match the unfused path, every rank a different row count.
+void TestFusedAllgather(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    std::vector<std::unique_ptr<Submitted>> submitted;
+    for (int t = 0; t < 40; ++t) {
+      const int64_t rows = (rank + t) % 4;
+      const DataType dtype = t % 2 ? DataType::kInt16 : DataType::kInt64;
+      std::vector<uint8_t> input(rows * 3 * DataTypeSize(dtype));
+      for (size_t b = 0; b < input.size(); ++b) input[b] = uint8_t(rank * 50 + t + b);
+      submitted.push_back(Submit(cluster.rank(rank),
+                                 MakeRequest("g" + std::to_string(t), CollectiveType::kAllgather,
+                                             dtype, {rows, 3}),
+                                 input));
+    }
+    for (int t = 0; t < 40; ++t) {
+      Status status = Await(*submitted[t]);
+      EXPECT_TRUE(status.ok(), status.message());
+      const DataType dtype = t % 2 ? DataType::kInt16 : DataType::kInt64;
+      std::vector<uint8_t> expected;
+      for (int r = 0; r < size; ++r) {
+        const int64_t rows = (r + t) % 4;
+        for (int64_t b = 0; b < rows * 3 * DataTypeSize(dtype); ++b) {
+          expected.push_back(uint8_t(r * 50 + t + b));
+        }
+      }
+      EXPECT_TRUE(std::vector<uint8_t>(submitted[t]->output.begin(),
+                                       submitted[t]->output.begin() + expected.size()) ==
+                      expected,
+                  "allgather " << t);
+      EXPECT_TRUE(submitted[t]->output_shape[0] ==
+                      static_cast<int64_t>(expected.size()) / (3 * DataTypeSize(dtype)),
+                  "allgather " << t << " rows");
+    }
+  });
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -629,6 +876,10 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"job_config_from_rank0", TestJobConfigFromRankZero},
       {"per_tensor_failure_on_one_rank", TestPerTensorFailureOnOneRank},
       {"integer_average", TestIntegerAverage},
+      {"alltoall", TestAlltoall},
+      {"alltoall_bad_splits", TestAlltoallBadSplits},
+      {"reducescatter", TestReducescatter},
+      {"fused_allgather", TestFusedAllgather},
   };
   return scenarios;
 }

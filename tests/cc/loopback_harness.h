@@ -95,19 +95,25 @@ struct Submitted {
   std::vector<uint8_t> input;
   std::vector<uint8_t> output;
   std::vector<int64_t> output_shape;
+  std::vector<int64_t> received_splits;  // alltoall
   std::shared_ptr<std::promise<Status>> done = std::make_shared<std::promise<Status>>();
   std::future<Status> result = done->get_future();
   Status enqueue_status;
 };
 
+// `splits`: alltoall only (empty: even split).
 inline std::unique_ptr<Submitted> Submit(RankContext& context, Request request,
-                                         std::vector<uint8_t> input) {
+                                         std::vector<uint8_t> input,
+                                         std::vector<int64_t> splits = {}) {
   auto submitted = std::make_unique<Submitted>();
   submitted->input = std::move(input);
   Submitted* raw = submitted.get();
   TensorBuffers buffers;
   buffers.input = raw->input.data();
-  if (request.type == CollectiveType::kAllgather) {
+  buffers.splits = std::move(splits);
+  buffers.received_splits = &raw->received_splits;
+  if (request.type == CollectiveType::kAllgather || request.type == CollectiveType::kAlltoall ||
+      request.type == CollectiveType::kReducescatter) {
     buffers.allocate_output = [raw, dtype = request.dtype](const std::vector<int64_t>& shape,
                                                            void** data) {
       raw->output_shape = shape;
