@@ -24,6 +24,12 @@ from tfring.basics import (
     shutdown,
     size,
 )
+from tfring.alltoall_reducescatter import (
+    alltoall,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+)
 from tfring.collectives import (
     Adasum,
     Average,

@@ -275,29 +275,29 @@ def _grouped_body(tensors, op, prescale_factor, postscale_factor,
     return results
 
 
-# Eager grouped_allreduce runs its ops inside one tf.function so that they are
-# all submitted to the core at once (and fused) instead of one after another.
-# One function per configuration; TensorFlow caches traces per input shapes.
+# Eager grouped collectives run their ops inside one tf.function so that they
+# are all submitted to the core at once (and fused) instead of one after
+# another. One function per configuration; TensorFlow caches traces per
+# input shapes.
 _grouped_functions = {}
 
 
-def _grouped_function(op, prescale_factor, postscale_factor, compression,
-                      device_dense, device_sparse):
-    key = (op, prescale_factor, postscale_factor, compression, device_dense,
-           device_sparse)
+def run_grouped(key, body, tensors):
+    """body(tensors), as one tf.function (cached under `key`) when eager.
 
-    def body(tensors):
-        return _grouped_body(tensors, op, prescale_factor, postscale_factor,
-                             compression, device_dense, device_sparse)
-
+    `body` builds one collective per tensor and returns the list of results.
+    """
+    if not tf.executing_eagerly():
+        return body(tensors)
     try:
         fn = _grouped_functions.get(key)
     except TypeError:  # An unhashable custom compressor: no caching.
-        return tf.function(body, reduce_retracing=True, autograph=False)
+        fn = tf.function(body, reduce_retracing=True, autograph=False)
+        return list(fn(tensors))
     if fn is None:
         fn = _grouped_functions[key] = tf.function(
             body, reduce_retracing=True, autograph=False)
-    return fn
+    return list(fn(tensors))
 
 
 @_do_not_convert
@@ -322,12 +322,14 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
         return []
     tensors = [_prepare_reduce_input(t, op, prescale_factor, postscale_factor,
                                      api_name) for t in tensors]
-    if tf.executing_eagerly():
-        fn = _grouped_function(op, prescale_factor, postscale_factor,
-                               compression, device_dense, device_sparse)
-        return list(fn(tensors))
-    return _grouped_body(tensors, op, prescale_factor, postscale_factor,
-                         compression, device_dense, device_sparse)
+
+    def body(group):
+        return _grouped_body(group, op, prescale_factor, postscale_factor,
+                             compression, device_dense, device_sparse)
+
+    key = ("allreduce", op, prescale_factor, postscale_factor, compression,
+           device_dense, device_sparse)
+    return run_grouped(key, body, tensors)
 
 
 @_do_not_convert

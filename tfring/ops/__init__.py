@@ -7,10 +7,12 @@ both share one core) and registers the ops' gradients. The public API in
 
 from tfring.ops.collective_ops import allgather_op
 from tfring.ops.collective_ops import allreduce_op
+from tfring.ops.collective_ops import alltoall_op
 from tfring.ops.collective_ops import broadcast_op
 from tfring.ops.collective_ops import local_rank_op
 from tfring.ops.collective_ops import local_size_op
 from tfring.ops.collective_ops import rank_op
+from tfring.ops.collective_ops import reducescatter_op
 from tfring.ops.collective_ops import size_op
 from tfring.ops import gradients as _gradients  # Registers the gradients.
 

@@ -47,9 +47,9 @@ does not see) running concurrently.
 XLA. Inside tf.function(jit_compile=True) or a Keras model compiled with
 jit_compile=True, allreduce and broadcast are compiled to XLA custom calls
 on the CPU (kernels/xla_kernels.cc, kernels/xla_custom_calls.cc), under the
-same node names. Allgather cannot be compiled (its output shape is known
-only at run time): allgather_op raises a ValueError naming jit_compile=False
-while the function is traced.
+same node names. Allgather and alltoall cannot be compiled (their output
+shapes are known only at run time): allgather_op and alltoall_op raise a
+ValueError naming jit_compile=False while the function is traced.
 """
 
 import re
@@ -69,6 +69,8 @@ __all__ = [
     "allreduce_op",
     "allgather_op",
     "broadcast_op",
+    "alltoall_op",
+    "reducescatter_op",
     "size_op",
     "rank_op",
     "local_size_op",
@@ -132,12 +134,15 @@ def _graph_tensor_name(graph, kind, name):
     return f"{_scope_for_graph_name(owner.name)}/{label}"
 
 
-def _create_collective(op_fn, kind, tensor, name, **attrs):
-    """Creates the op `op_fn` under the naming rule of this module."""
+def _create_collective(op_fn, kind, inputs, name, **attrs):
+    """Creates the op `op_fn` on `inputs` (a tensor, or a tuple of the op's
+    inputs) under the naming rule of this module."""
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,)
     if tf.executing_eagerly():
-        return op_fn(tensor, tensor_name=name or "", **attrs)
+        return op_fn(*inputs, tensor_name=name or "", **attrs)
     tensor_name = _graph_tensor_name(ops.get_default_graph(), kind, name)
-    return op_fn(tensor, tensor_name=tensor_name, name=name, **attrs)
+    return op_fn(*inputs, tensor_name=tensor_name, name=name, **attrs)
 
 
 def in_xla_compilation():
@@ -160,8 +165,9 @@ def _reject_under_xla(what, why):
         f"tfring cannot compile {what} with XLA: {why} This function is being "
         "compiled with XLA (tf.function(jit_compile=True), or a Keras model "
         "compiled with jit_compile=True or jit_compile='auto' on a GPU). "
-        "tfring's allreduce, grouped_allreduce and broadcast work under XLA "
-        "on CPU; allgather does not. Compile this function without XLA: "
+        "tfring's allreduce, grouped_allreduce, reducescatter and broadcast "
+        "work under XLA on CPU; allgather and alltoall do not. Compile this "
+        "function without XLA: "
         "tf.function(..., jit_compile=False) or "
         "model.compile(..., jit_compile=False).")
 
@@ -233,6 +239,55 @@ def broadcast_op(tensor, root_rank, name=None):
     return _create_collective(_ops_library.tfring_broadcast, "broadcast",
                               tensor, name,
                               root_rank=int(root_rank))
+
+
+def alltoall_op(tensor, splits, name=None):
+    """Sends splits[j] rows of dimension 0 to rank j; receives from all.
+
+    Args:
+      tensor: the local tensor, at least one dimension; dimension 0 may
+        differ between ranks, the others and the dtype must not.
+      splits: an int32 vector with one entry per rank (rows sent to each
+        rank, in rank order, summing to dimension 0), or an empty one to
+        split dimension 0 evenly. The core checks it on every rank.
+      name: the cross-rank name (see the module docstring).
+
+    Returns:
+      (output, received_splits): the rows received from every rank,
+      concatenated in rank order, and how many came from each (int32).
+
+    Raises:
+      ValueError: when traced into an XLA-compiled function.
+    """
+    _reject_under_xla(
+        "alltoall" + (f" of tensor '{name}'" if name else ""),
+        "its output's first dimension depends on every rank's splits, known "
+        "only when the program runs, and XLA needs all shapes when it "
+        "compiles.")
+    return _create_collective(_ops_library.tfring_alltoall, "alltoall",
+                              (tensor, splits), name)
+
+
+def reducescatter_op(tensor, reduce_op, prescale_factor=1.0,
+                     postscale_factor=1.0, name=None):
+    """Reduces `tensor` over all ranks; rank i keeps block i of dimension 0.
+
+    Args:
+      tensor: the local tensor, at least one dimension; same shape and dtype
+        on every rank (the dtypes of allreduce_op).
+      reduce_op: Average (0) or Sum (1).
+      prescale_factor, postscale_factor: as for allreduce_op.
+      name: the cross-rank name (see the module docstring).
+
+    Returns:
+      This rank's rows of the result: dimension 0 divided evenly, the first
+      `dim0 % size` ranks one row more.
+    """
+    return _create_collective(_ops_library.tfring_reducescatter,
+                              "reducescatter", tensor, name,
+                              reduce_op=int(reduce_op),
+                              prescale_factor=float(prescale_factor),
+                              postscale_factor=float(postscale_factor))
 
 
 def size_op(name=None):

@@ -18,7 +18,12 @@ dL/dx_r = sum_s g_s * dy/dx_r, which gives:
   evenly between tied ranks), times prescale * postscale.
 * Product: sum_s g_s * postscale * prescale * prod_{q != r} (prescale * x_q).
 * Allgather: row block r of the average of the gathered gradient.
-* Broadcast: sum_s g_s on the root rank, zero elsewhere.
+* Broadcast (Horovod's definition): the average of the g_s on the root
+  rank, zero elsewhere.
+* Alltoall: the reverse alltoall: every rank sends each gradient row back to
+  the rank the forward row came from.
+* Reducescatter (Horovod's definition): the allgather of g, times
+  prescale * postscale, and times size() for Sum.
 """
 
 import tensorflow as tf
@@ -26,7 +31,9 @@ import tensorflow as tf
 from tfring import _core
 from tfring.ops.collective_ops import allgather_op
 from tfring.ops.collective_ops import allreduce_op
+from tfring.ops.collective_ops import alltoall_op
 from tfring.ops.collective_ops import rank_op
+from tfring.ops.collective_ops import size_op
 
 _AVERAGE = int(_core.ReduceOp.Average)
 _SUM = int(_core.ReduceOp.Sum)
@@ -115,3 +122,26 @@ def _broadcast_grad(op, grad):
     averaged = allreduce_op(grad, _AVERAGE, name=_gradient_name(op, "grad"))
     return tf.where(tf.equal(rank_op(), root_rank), averaged,
                     tf.zeros_like(averaged))
+
+
+@tf.RegisterGradient("Tfring>Alltoall")
+def _alltoall_grad(op, grad, unused_received_splits_grad):
+    # The forward op received received_splits[j] rows from rank j; sending
+    # that many gradient rows back to each rank returns every row's gradient
+    # to where the row came from, in the order it was sent.
+    received_splits = op.outputs[1]
+    grad_input, _ = alltoall_op(grad, received_splits,
+                                name=_gradient_name(op, "grad"))
+    return [grad_input, None]
+
+
+@tf.RegisterGradient("Tfring>Reducescatter")
+def _reducescatter_grad(op, grad):
+    # Horovod's definition (its tests pin it): for Sum the gathered gradient
+    # is multiplied by the number of ranks; Average takes it as it is.
+    scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
+    if op.get_attr("reduce_op") == _SUM:
+        grad = grad * tf.cast(size_op(), grad.dtype)
+    if scale != 1.0:
+        grad = grad * _scale(grad.dtype, scale)
+    return allgather_op(grad, name=_gradient_name(op, "grad"))

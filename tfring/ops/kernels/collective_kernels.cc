@@ -1,4 +1,5 @@
-// CPU kernels of Tfring>Allreduce, Tfring>Allgather and Tfring>Broadcast.
+// CPU kernels of Tfring>Allreduce, Tfring>Allgather, Tfring>Broadcast,
+// Tfring>Alltoall and Tfring>Reducescatter.
 //
 // Why asynchronous kernels: the communication happens on the core's single
 // background thread, possibly fused with other tensors, after every rank has
@@ -15,6 +16,8 @@
 // element values itself, and the op definitions already restrict T to the
 // types the core supports.
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,14 +110,36 @@ class CollectiveKernel : public AsyncOpKernel {
                   std::move(done));
   }
 
+  // An allocator for outputs whose shape only the core knows (allgather,
+  // alltoall, reducescatter): it asks for them once the shapes are
+  // negotiated, from the background thread.
+  static OutputAllocator PooledOutputAllocator(OpKernelContext* context) {
+    return [context](const std::vector<int64_t>& shape,
+                     void** data) -> ::tfring::Status {
+      TensorShape output_shape;
+      absl::Status status = TensorShape::BuildTensorShape(shape, &output_shape);
+      if (!status.ok()) return FromTfStatus(status);
+      Tensor* output = nullptr;
+      status = AllocatePooledOutput(context, 0, output_shape, &output);
+      if (!status.ok()) return FromTfStatus(status);
+      *data = output->data();
+      return ::tfring::Status::OK();
+    };
+  }
+
   // Hands the tensor to the core. On success the core calls back exactly
   // once; on failure the core does not, so `done` is called here.
+  // `finish`, when set, runs after a successful collective (to write further
+  // outputs) and may still fail the op.
   static void EnqueueOrFail(OpKernelContext* context, Request request,
-                            TensorBuffers buffers, DoneCallback done) {
+                            TensorBuffers buffers, DoneCallback done,
+                            std::function<absl::Status()> finish = nullptr) {
     ::tfring::Status status = Enqueue(
         std::move(request), std::move(buffers),
-        [context, done](const ::tfring::Status& result) {
-          context->SetStatus(ToTfStatus(result));
+        [context, done, finish](const ::tfring::Status& result) {
+          absl::Status outcome = ToTfStatus(result);
+          if (outcome.ok() && finish) outcome = finish();
+          context->SetStatus(outcome);
           done();
         });
     if (!status.ok()) {
@@ -177,23 +202,87 @@ class AllgatherKernel : public CollectiveKernel {
 
     TensorBuffers buffers;
     buffers.input = input.data();
-    // Only the core knows every rank's first dimension; it asks for the
-    // output once they are negotiated.
-    buffers.allocate_output = [context](const std::vector<int64_t>& shape,
-                                        void** data) -> ::tfring::Status {
-      TensorShape output_shape;
-      absl::Status status =
-          TensorShape::BuildTensorShape(shape, &output_shape);
-      if (!status.ok()) return FromTfStatus(status);
-      Tensor* output = nullptr;
-      status = AllocatePooledOutput(context, 0, output_shape, &output);
-      if (!status.ok()) return FromTfStatus(status);
-      *data = output->data();
-      return ::tfring::Status::OK();
-    };
+    // Only the core knows every rank's first dimension.
+    buffers.allocate_output = PooledOutputAllocator(context);
     EnqueueOrFail(context, std::move(request), std::move(buffers),
                   std::move(done));
   }
+};
+
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  explicit AlltoallKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context, CollectiveType::kAlltoall, "alltoall") {}
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    const Tensor& input = context->input(0);
+    const Tensor& splits = context->input(1);
+    Request request;
+    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
+
+    TensorBuffers buffers;
+    buffers.input = input.data();
+    // The core checks the splits on every rank (a bad entry on one rank
+    // fails the op everywhere, naming it), so they go as they are.
+    const auto split_values = splits.flat<int32_t>();
+    for (int64_t i = 0; i < split_values.size(); ++i) {
+      buffers.splits.push_back(split_values(i));
+    }
+    auto received = std::make_shared<std::vector<int64_t>>();
+    buffers.received_splits = received.get();
+    buffers.allocate_output = PooledOutputAllocator(context);
+    auto write_received_splits = [context, received]() -> absl::Status {
+      Tensor* output = nullptr;
+      TF_RETURN_IF_ERROR(context->allocate_output(
+          1, TensorShape({static_cast<int64_t>(received->size())}), &output));
+      auto values = output->flat<int32_t>();
+      for (size_t i = 0; i < received->size(); ++i) {
+        values(i) = static_cast<int32_t>((*received)[i]);
+      }
+      return absl::OkStatus();
+    };
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done), std::move(write_received_splits));
+  }
+};
+
+class ReducescatterKernel : public CollectiveKernel {
+ public:
+  explicit ReducescatterKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context, CollectiveType::kReducescatter,
+                         "reducescatter") {
+    int32_t reduce_op = 0;
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
+    OP_REQUIRES_OK(context, CheckReducescatterOp(reduce_op));
+    reduce_op_ = static_cast<ReduceOp>(reduce_op);
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("prescale_factor", &prescale_factor_));
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("postscale_factor", &postscale_factor_));
+  }
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    const Tensor& input = context->input(0);
+    Request request;
+    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
+    request.reduce_op = reduce_op_;
+    request.prescale_factor = prescale_factor_;
+    request.postscale_factor = postscale_factor_;
+
+    TensorBuffers buffers;
+    buffers.input = input.data();
+    // The core gives this rank its block of dimension 0.
+    buffers.allocate_output = PooledOutputAllocator(context);
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done));
+  }
+
+ private:
+  ReduceOp reduce_op_ = ReduceOp::kSum;
+  float prescale_factor_ = 1.0f;
+  float postscale_factor_ = 1.0f;
 };
 
 class BroadcastKernel : public CollectiveKernel {
@@ -232,6 +321,11 @@ REGISTER_KERNEL_BUILDER(
     Name("Tfring>Allgather").Device(tensorflow::DEVICE_CPU), AllgatherKernel);
 REGISTER_KERNEL_BUILDER(
     Name("Tfring>Broadcast").Device(tensorflow::DEVICE_CPU), BroadcastKernel);
+REGISTER_KERNEL_BUILDER(
+    Name("Tfring>Alltoall").Device(tensorflow::DEVICE_CPU), AlltoallKernel);
+REGISTER_KERNEL_BUILDER(
+    Name("Tfring>Reducescatter").Device(tensorflow::DEVICE_CPU),
+    ReducescatterKernel);
 
 }  // namespace
 }  // namespace tf_ops

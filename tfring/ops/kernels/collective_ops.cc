@@ -43,6 +43,25 @@ absl::Status AllgatherShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// Alltoall and reducescatter divide the first dimension between the ranks:
+// its size in the output is only known at run time. received_splits has one
+// entry per rank.
+absl::Status FirstDimensionUnknown(InferenceContext* c) {
+  ShapeHandle input = c->input(0);
+  if (!c->RankKnown(input) || c->Rank(input) == 0) {
+    // A scalar is refused when the op runs, on every rank, with the fix.
+    c->set_output(0, c->UnknownShape());
+  } else {
+    ShapeHandle output;
+    TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, c->UnknownDim(), &output));
+    c->set_output(0, output);
+  }
+  for (int i = 1; i < c->num_outputs(); ++i) {
+    c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("Tfring>Allreduce")
@@ -75,6 +94,31 @@ REGISTER_OP("Tfring>Broadcast")
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
+
+REGISTER_OP("Tfring>Alltoall")
+    .Input("tensor: T")
+    // Rows of dimension 0 sent to each rank, in rank order; empty splits
+    // dimension 0 evenly.
+    .Input("splits: int32")
+    .Output("output: T")
+    // Rows received from each rank, in rank order.
+    .Output("received_splits: int32")
+    .Attr(
+        "T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, "
+        "double, bool}")
+    .Attr("tensor_name: string = ''")
+    .SetShapeFn(FirstDimensionUnknown);
+
+REGISTER_OP("Tfring>Reducescatter")
+    .Input("tensor: T")
+    .Output("output: T")
+    .Attr("T: {uint8, int8, int32, int64, half, bfloat16, float, double}")
+    // A tfring ReduceOp value: Average=0 or Sum=1.
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Attr("tensor_name: string = ''")
+    .SetShapeFn(FirstDimensionUnknown);
 
 #define TFRING_REGISTER_TOPOLOGY_OP(op_name, output_name) \
   REGISTER_OP(op_name)                                    \

@@ -34,6 +34,17 @@ inline absl::Status CheckReduceOp(int32_t reduce_op) {
       "tfring.Min (3), tfring.Max (4) or tfring.Product (5).");
 }
 
+// Reducescatter implements Sum and Average only.
+inline absl::Status CheckReducescatterOp(int32_t reduce_op) {
+  if (reduce_op == static_cast<int32_t>(ReduceOp::kSum) ||
+      reduce_op == static_cast<int32_t>(ReduceOp::kAverage)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      "reducescatter: reduce_op " + std::to_string(reduce_op) +
+      " is not supported. Use tfring.Average (0) or tfring.Sum (1).");
+}
+
 }  // namespace tf_ops
 }  // namespace tfring
 
