@@ -211,6 +211,41 @@ def test_allgather_is_rejected_while_tracing(rank, size):
     assert gather_plain(tf.ones([2])).shape == (2 * size,)
 
 
+def test_alltoall_is_rejected_while_tracing(rank, size):
+    @tf.function(jit_compile=True)
+    def exchange(x):
+        return tfring.alltoall(x)
+
+    with pytest.raises(ValueError, match=r"jit_compile=False") as info:
+        exchange(tf.ones([size]))
+    assert "alltoall" in str(info.value)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7])
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_reducescatter_compiles_with_static_shapes(op, rows, rank, size):
+    # Rank r holds (r + 1) * (row index + 1); this rank keeps its block of
+    # the (scaled) sum, the first rows % size ranks one row more.
+    @tf.function(jit_compile=True)
+    def scatter(x):
+        return tfring.reducescatter(x, op=getattr(tfring, op),
+                                    prescale_factor=2.0,
+                                    postscale_factor=0.25)
+
+    values = np.repeat(np.arange(1, rows + 1, dtype=np.float32)[:, None], 3,
+                       axis=1)
+    result = scatter(tf.constant(values * (rank + 1)))
+    counts = [rows // size + (r < rows % size) for r in range(size)]
+    begin = sum(counts[:rank])
+    total = values * size * (size + 1) / 2 * 2.0 * 0.25
+    if op == "Average":
+        total = total / size
+    np.testing.assert_allclose(result.numpy(), total[begin:begin + counts[rank]],
+                               rtol=1e-6, err_msg=f"{op} rows={rows}")
+    hlo = _compiled_hlo(scatter, tf.constant(values))
+    assert 'custom_call_target="tfring_reducescatter"' in hlo
+
+
 def test_sparse_allreduce_is_rejected_while_tracing(rank, size):
     @tf.function(jit_compile=True)
     def reduce_slices(values):

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cc/api.h"
 #include "tfring/ops/kernels/xla_custom_calls.h"
@@ -125,8 +126,9 @@ ffi::Future Submit(Request request, const char* type_name,
                "data type " +
         std::to_string(static_cast<int>(input.element_type())) + ")."));
   }
+  const bool same_shape = request.type != CollectiveType::kReducescatter;
   if (output.element_type() != input.element_type() ||
-      output.size_bytes() != input.size_bytes()) {
+      (same_shape && output.size_bytes() != input.size_bytes())) {
     return Failed(ffi::Error::Internal(
         what + ": XLA passed an output buffer that does not match the input "
                "(a bug in tfring's XLA lowering)."));
@@ -136,7 +138,29 @@ ffi::Future Submit(Request request, const char* type_name,
 
   TensorBuffers buffers;
   buffers.input = input.untyped_data();
-  buffers.output = output.untyped_data();
+  if (same_shape) {
+    buffers.output = output.untyped_data();
+  } else {
+    // The core names the output shape it needs; XLA's was fixed at compile
+    // time from the same rule, and a job restarted at another size would
+    // not match it.
+    std::vector<int64_t> compiled(output.dimensions().begin(),
+                                  output.dimensions().end());
+    void* data = output.untyped_data();
+    buffers.allocate_output = [compiled, data, what](
+                                  const std::vector<int64_t>& shape,
+                                  void** out) -> ::tfring::Status {
+      if (shape != compiled) {
+        return ::tfring::Status::FailedPrecondition(
+            what + ": this rank's block has shape " + ShapeToString(shape) +
+            " but the XLA program was compiled for " + ShapeToString(compiled) +
+            " (the job's size or this rank changed since it was compiled). "
+            "Retrace the function after tfring.init().");
+      }
+      *out = data;
+      return ::tfring::Status::OK();
+    };
+  }
 
   ffi::Promise promise;
   ffi::Future future(promise);
@@ -168,6 +192,19 @@ ffi::Future AllreduceImpl(ffi::AnyBuffer input,
   return Submit(std::move(request), "allreduce", input, *output);
 }
 
+ffi::Future ReducescatterImpl(ffi::AnyBuffer input,
+                              ffi::Result<ffi::AnyBuffer> output,
+                              std::string_view name, int32_t reduce_op,
+                              float prescale_factor, float postscale_factor) {
+  Request request;
+  request.name = std::string(name);
+  request.type = CollectiveType::kReducescatter;
+  request.reduce_op = static_cast<ReduceOp>(reduce_op);
+  request.prescale_factor = prescale_factor;
+  request.postscale_factor = postscale_factor;
+  return Submit(std::move(request), "reducescatter", input, *output);
+}
+
 ffi::Future BroadcastImpl(ffi::AnyBuffer input,
                           ffi::Result<ffi::AnyBuffer> output,
                           std::string_view name, int32_t root_rank) {
@@ -197,6 +234,15 @@ XLA_FFI_DEFINE_HANDLER(kAllreduceHandler, AllreduceImpl,
                            .Attr<float>(xla_abi::kPrescaleAttr)
                            .Attr<float>(xla_abi::kPostscaleAttr));
 
+XLA_FFI_DEFINE_HANDLER(kReducescatterHandler, ReducescatterImpl,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>(xla_abi::kNameAttr)
+                           .Attr<int32_t>(xla_abi::kReduceOpAttr)
+                           .Attr<float>(xla_abi::kPrescaleAttr)
+                           .Attr<float>(xla_abi::kPostscaleAttr));
+
 XLA_FFI_DEFINE_HANDLER(kBroadcastHandler, BroadcastImpl,
                        ffi::Ffi::Bind()
                            .Arg<ffi::AnyBuffer>()
@@ -208,6 +254,9 @@ XLA_FFI_REGISTER_HANDLER(::xla::ffi::GetXlaFfiApi(), xla_abi::kAllreduceTarget,
                          xla_abi::kPlatform, kAllreduceHandler);
 XLA_FFI_REGISTER_HANDLER(::xla::ffi::GetXlaFfiApi(), xla_abi::kBroadcastTarget,
                          xla_abi::kPlatform, kBroadcastHandler);
+XLA_FFI_REGISTER_HANDLER(::xla::ffi::GetXlaFfiApi(),
+                         xla_abi::kReducescatterTarget, xla_abi::kPlatform,
+                         kReducescatterHandler);
 
 }  // namespace
 }  // namespace tf_ops

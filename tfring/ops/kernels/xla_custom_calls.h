@@ -21,9 +21,11 @@ namespace tfring {
 namespace tf_ops {
 namespace xla_abi {
 
-// Custom-call targets. One operand, one result of the same shape and type.
+// Custom-call targets. One operand, one result of the same type, and of the
+// same shape but for reducescatter's dimension 0 (this rank's block).
 inline constexpr char kAllreduceTarget[] = "tfring_allreduce";
 inline constexpr char kBroadcastTarget[] = "tfring_broadcast";
+inline constexpr char kReducescatterTarget[] = "tfring_reducescatter";
 
 // The platform the targets are registered for: XLA's name for the CPU.
 inline constexpr char kPlatform[] = "Host";

@@ -1,19 +1,19 @@
-// Compile-time half of tfring's XLA support: how Tfring>Allreduce and
-// Tfring>Broadcast are lowered when TensorFlow compiles a function with XLA
+// Compile-time half of tfring's XLA support: how Tfring>Allreduce,
+// Tfring>Reducescatter and Tfring>Broadcast are lowered when TensorFlow compiles a function with XLA
 // (tf.function(jit_compile=True), Keras' model.compile(jit_compile=True),
 // auto-clustering).
 //
 // Each op becomes one XLA custom call to a target of xla_custom_calls.cc,
-// using the typed FFI calling convention: one operand, one result of the
-// same shape, and the op's attributes plus the cross-rank tensor name as
+// using the typed FFI calling convention: one operand, one result (of the
+// same shape, but for reducescatter's dimension 0), and the op's attributes plus the cross-rank tensor name as
 // typed attributes. The custom call is marked side-effecting so that XLA
 // neither removes it nor merges two of them, which would change which
 // tensors this rank submits to the core.
 //
 // Only the CPU compilation device gets working kernels: the targets are
 // registered for XLA's CPU ("Host") platform (the GPU one gets kernels that
-// fail with a clear message, see below). Tfring>Allgather gets none on
-// purpose: its output's first dimension is only known once every rank has
+// fail with a clear message, see below). Tfring>Allgather and
+// Tfring>Alltoall get none on purpose: its output's first dimension is only known once every rank has
 // reported its own, and an XLA program needs every shape at compile time.
 // Without a kernel, XLA auto-clustering leaves allgather outside the
 // compiled cluster (where the ordinary kernel runs), and
@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cc/api.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
 #include "tensorflow/core/framework/kernel_def_builder.h"
@@ -97,9 +98,11 @@ class CollectiveXlaKernel : public XlaOpKernel {
 
  protected:
   // Emits the custom call to `target` with `attributes` (MLIR dictionary
-  // entries "key = value") plus the tensor name.
+  // entries "key = value") plus the tensor name. The result has the input's
+  // shape, with dimension 0 replaced by `output_rows` when that is >= 0.
   void EmitCustomCall(XlaOpKernelContext* context, const char* target,
-                      const std::vector<std::string>& attributes) {
+                      const std::vector<std::string>& attributes,
+                      int64_t output_rows = -1) {
     absl::StatusOr<xla::Shape> shape = context->InputXlaShape(0);
     OP_REQUIRES_OK(context, shape.status());
     OP_REQUIRES(
@@ -114,9 +117,11 @@ class CollectiveXlaKernel : public XlaOpKernel {
                          MlirString(tensor_name_);
     for (const std::string& attribute : attributes) config += ", " + attribute;
     config += "}";
+    xla::Shape output_shape = *shape;
+    if (output_rows >= 0) output_shape.set_dimensions(0, output_rows);
     xla::XlaOp input = context->Input(0);
     xla::XlaOp output = xla::CustomCall(
-        context->builder(), target, {input}, *shape, config,
+        context->builder(), target, {input}, output_shape, config,
         /*has_side_effect=*/true, /*output_operand_aliasing=*/{},
         /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
         xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
@@ -149,6 +154,51 @@ class AllreduceXlaKernel : public CollectiveXlaKernel {
              MlirF32(prescale_factor_),
          std::string(xla_abi::kPostscaleAttr) + " = " +
              MlirF32(postscale_factor_)});
+  }
+
+ private:
+  int32_t reduce_op_ = 0;
+  float prescale_factor_ = 1.0f;
+  float postscale_factor_ = 1.0f;
+};
+
+// Reducescatter's output keeps this rank's block of dimension 0, whose size
+// depends only on the input's shape, the rank and the size: known when the
+// function is compiled (after tfring.init()), so it lowers like allreduce.
+class ReducescatterXlaKernel : public CollectiveXlaKernel {
+ public:
+  explicit ReducescatterXlaKernel(OpKernelConstruction* context)
+      : CollectiveXlaKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(context, CheckReducescatterOp(reduce_op_));
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("prescale_factor", &prescale_factor_));
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("postscale_factor", &postscale_factor_));
+  }
+
+  void Compile(XlaOpKernelContext* context) override {
+    OP_REQUIRES(context, IsInitialized(),
+                NotInitializedError("reducescatter (while compiling with XLA)"));
+    absl::StatusOr<xla::Shape> shape = context->InputXlaShape(0);
+    OP_REQUIRES_OK(context, shape.status());
+    OP_REQUIRES(context, !shape->dimensions().empty(),
+                absl::InvalidArgumentError(
+                    "tfring reducescatter needs a tensor with at least one "
+                    "dimension (it divides dimension 0 between the ranks), "
+                    "but got a scalar. Reshape it, e.g. tf.reshape(x, [1])."));
+    const Topology topology = GetTopology();
+    const int64_t rows = shape->dimensions(0);
+    const int64_t output_rows = rows / topology.size +
+                                (topology.rank < rows % topology.size ? 1 : 0);
+    EmitCustomCall(
+        context, xla_abi::kReducescatterTarget,
+        {std::string(xla_abi::kReduceOpAttr) + " = " + MlirI32(reduce_op_),
+         std::string(xla_abi::kPrescaleAttr) + " = " +
+             MlirF32(prescale_factor_),
+         std::string(xla_abi::kPostscaleAttr) + " = " +
+             MlirF32(postscale_factor_)},
+        output_rows);
   }
 
  private:
@@ -200,8 +250,14 @@ REGISTER_XLA_OP(Name("Tfring>Allreduce").Device(tensorflow::DEVICE_CPU_XLA_JIT),
                 AllreduceXlaKernel);
 REGISTER_XLA_OP(Name("Tfring>Broadcast").Device(tensorflow::DEVICE_CPU_XLA_JIT),
                 BroadcastXlaKernel);
+REGISTER_XLA_OP(
+    Name("Tfring>Reducescatter").Device(tensorflow::DEVICE_CPU_XLA_JIT),
+    ReducescatterXlaKernel);
 REGISTER_XLA_OP(Name("Tfring>Allreduce").Device(tensorflow::DEVICE_GPU_XLA_JIT),
                 UnsupportedOnGpuXlaKernel);
+REGISTER_XLA_OP(
+    Name("Tfring>Reducescatter").Device(tensorflow::DEVICE_GPU_XLA_JIT),
+    UnsupportedOnGpuXlaKernel);
 REGISTER_XLA_OP(Name("Tfring>Broadcast").Device(tensorflow::DEVICE_GPU_XLA_JIT),
                 UnsupportedOnGpuXlaKernel);
 
@@ -234,11 +290,15 @@ struct EnsureJitKernels {
     if (HasJitKernel("Identity", cpu)) {
       Register("Tfring>Allreduce", cpu, &CreateKernel<AllreduceXlaKernel>);
       Register("Tfring>Broadcast", cpu, &CreateKernel<BroadcastXlaKernel>);
+      Register("Tfring>Reducescatter", cpu,
+               &CreateKernel<ReducescatterXlaKernel>);
     }
     if (HasJitKernel("Identity", gpu)) {
       Register("Tfring>Allreduce", gpu,
                &CreateKernel<UnsupportedOnGpuXlaKernel>);
       Register("Tfring>Broadcast", gpu,
+               &CreateKernel<UnsupportedOnGpuXlaKernel>);
+      Register("Tfring>Reducescatter", gpu,
                &CreateKernel<UnsupportedOnGpuXlaKernel>);
     }
   }
