@@ -22,13 +22,14 @@ from tfring import ops as _ops
 from tfring.compression import Compression
 
 # Reduction ops. The values come from the core's enum (one source for C++ and
-# Python) and equal horovod.tensorflow's.
-Average = _core.ReduceOp.Average
-Sum = _core.ReduceOp.Sum
-Adasum = _core.ReduceOp.Adasum
-Min = _core.ReduceOp.Min
-Max = _core.ReduceOp.Max
-Product = _core.ReduceOp.Product
+# Python) and equal horovod.tensorflow's; like Horovod's they are plain ints,
+# so scripts may compare, hash or serialise them as such.
+Average = int(_core.ReduceOp.Average)
+Sum = int(_core.ReduceOp.Sum)
+Adasum = int(_core.ReduceOp.Adasum)
+Min = int(_core.ReduceOp.Min)
+Max = int(_core.ReduceOp.Max)
+Product = int(_core.ReduceOp.Product)
 
 # The public functions are plain graph builders without tensor-dependent
 # Python control flow, so AutoGraph need not convert them when they are
@@ -226,7 +227,7 @@ def _prepare_reduce_input(tensor, op, prescale_factor, postscale_factor,
 @_do_not_convert
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
               compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, name=None):
+              postscale_factor=1.0, name=None, ignore_name_scope=False):
     """Reduces `tensor` over all ranks; every rank gets the result.
 
     Args:
@@ -243,6 +244,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
         result after the reduction (in the core, in the tensor's dtype).
       name: the key that matches this tensor across ranks (optional; see the
         README on names).
+      ignore_name_scope: accepted for Horovod compatibility; tfring's names
+        never include the name scope.
 
     Returns:
       A tensor like `tensor` (or a tf.IndexedSlices for IndexedSlices input:
@@ -251,6 +254,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
       floating point, as in Horovod; other ops or scale factors raise
       NotImplementedError there).
     """
+    del ignore_name_scope  # names never include the name scope
     api_name = "tfring.allreduce()"
     op, prescale_factor, postscale_factor = _check_reduce_args(
         op, average, prescale_factor, postscale_factor, api_name)
@@ -263,14 +267,16 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
 
 
 def _grouped_body(tensors, op, prescale_factor, postscale_factor,
-                  compression, device_dense, device_sparse):
+                  compression, device_dense, device_sparse, name):
     results = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
+        member_name = None if name is None else f"{name}.{i}"
         if isinstance(t, tf.IndexedSlices):
-            results.append(_allreduce_slices(t, op, None, device_sparse))
+            results.append(_allreduce_slices(t, op, member_name,
+                                             device_sparse))
         else:
             results.append(_allreduce_dense(t, op, prescale_factor,
-                                            postscale_factor, None,
+                                            postscale_factor, member_name,
                                             compression, device_dense))
     return results
 
@@ -303,13 +309,16 @@ def run_grouped(key, body, tensors):
 @_do_not_convert
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      ignore_name_scope=False, name=None):
     """allreduce() of a list of tensors, submitted together.
 
-    Same arguments as allreduce() (applied to every tensor). Eagerly, the
-    reductions run inside one tf.function, so the core receives them in one
-    burst and fuses them. Returns a list in the order of `tensors`.
+    Same arguments as allreduce() (applied to every tensor; tensor i is
+    named `<name>.<i>` when `name` is given). Eagerly, the reductions run
+    inside one tf.function, so the core receives them in one burst and fuses
+    them. Returns a list in the order of `tensors`.
     """
+    del ignore_name_scope  # names never include the name scope
     api_name = "tfring.grouped_allreduce()"
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(
@@ -325,21 +334,24 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
 
     def body(group):
         return _grouped_body(group, op, prescale_factor, postscale_factor,
-                             compression, device_dense, device_sparse)
+                             compression, device_dense, device_sparse, name)
 
     key = ("allreduce", op, prescale_factor, postscale_factor, compression,
-           device_dense, device_sparse)
+           device_dense, device_sparse, name)
     return run_grouped(key, body, tensors)
 
 
 @_do_not_convert
-def allgather(tensor, name=None, device_dense='', device_sparse=''):
+def allgather(tensor, name=None, ignore_name_scope=False, device_dense='',
+              device_sparse=''):
     """Concatenates every rank's `tensor` along the first dimension.
 
     The first dimension may differ across ranks; the others, the rank and the
     dtype must match. A scalar counts as one row. Returns the concatenation
-    in rank order.
+    in rank order. `ignore_name_scope` is accepted for Horovod
+    compatibility (names never include the name scope).
     """
+    del ignore_name_scope
     api_name = "tfring.allgather()"
     basics._check_initialized(api_name)
     if isinstance(tensor, tf.IndexedSlices):
@@ -354,8 +366,14 @@ def allgather(tensor, name=None, device_dense='', device_sparse=''):
 
 
 @_do_not_convert
-def broadcast(tensor, root_rank, name=None, device_dense='', device_sparse=''):
-    """Every rank gets root_rank's `tensor` (same shape and dtype on all)."""
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              device_dense='', device_sparse=''):
+    """Every rank gets root_rank's `tensor` (same shape and dtype on all).
+
+    `ignore_name_scope` is accepted for Horovod compatibility (names never
+    include the name scope).
+    """
+    del ignore_name_scope
     api_name = "tfring.broadcast()"
     basics._check_initialized(api_name)
     root_rank = check_root_rank(root_rank, api_name)
