@@ -26,13 +26,16 @@ def _assign_broadcast(variables, root_rank):
 
 
 @tf.autograph.experimental.do_not_convert
-def broadcast_variables(variables, root_rank):
+def broadcast_variables(variables, root_rank, inplace=False):
     """Assigns root_rank's values to `variables` on every rank.
 
     Works eagerly (the broadcasts run together inside one tf.function), inside
     tf.function, and in tf.compat.v1 graphs (returns the op to run). Every
-    rank must pass the same variables in the same order.
+    rank must pass the same variables in the same order. `inplace` is
+    accepted for Horovod compatibility: tfring always assigns the received
+    values to the variables themselves.
     """
+    del inplace
     api_name = "tfring.broadcast_variables()"
     basics._check_initialized(api_name)
     collectives.check_root_rank(root_rank, api_name)

@@ -159,11 +159,14 @@ class DistributedOptimizer(_Optimizer):
             cls = DistributedLossScaleOptimizer
         return super().__new__(cls)
 
-    def __init__(self, optimizer, name=None, compression=Compression.none,
-                 sparse_as_dense=False, backward_passes_per_step=1,
-                 average_aggregated_gradients=False, op=collectives.Average,
-                 gradient_predivide_factor=1.0, groups=None, device_dense='',
-                 device_sparse='', num_groups=0):
+    # Horovod's positional order (horovod.tensorflow.keras), so positional
+    # calls written for Horovod bind to the same parameters.
+    def __init__(self, optimizer, name=None, device_dense='', device_sparse='',
+                 compression=Compression.none, sparse_as_dense=False,
+                 gradient_predivide_factor=1.0, op=collectives.Average,
+                 backward_passes_per_step=1,
+                 average_aggregated_gradients=False, num_groups=0,
+                 groups=None):
         api_name = f"tfring.keras.{type(self).__name__}()"
         _check_optimizer(optimizer, api_name)
         passes = _check_passes(backward_passes_per_step, api_name)
