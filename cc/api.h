@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,32 @@ struct Topology {
 // Fortran handle is `mpi_comm_fortran` (mpi4py's comm.py2f()). MPI must
 // already be initialised (tfring.init() imports mpi4py, which does it).
 // Calling it again while initialised is a no-op returning OK.
-TFRING_EXPORT Status InitializeMpi(int64_t mpi_comm_fortran);
+//
+// Process sets: `process_sets` lists the sets besides the global one (id 0,
+// every rank), each as sorted, distinct ranks of the job; they get ids 1, 2,
+// ... in order. Every rank must pass the same list (checked: an
+// InvalidArgument naming the ranks that differ). `dynamic_process_sets`
+// allows AddProcessSet / RemoveProcessSet later.
+TFRING_EXPORT Status InitializeMpi(int64_t mpi_comm_fortran,
+                                   const std::vector<std::vector<int>>& process_sets = {},
+                                   bool dynamic_process_sets = false);
+
+// Adds a process set while running. Collective over every rank of the job,
+// which must all pass the same ranks (sorted, distinct, in [0, size)).
+// Returns when every rank can use it, with its id in *id (ids are never
+// reused). InvalidArgument when the job was not started with dynamic process
+// sets, when a set of exactly these ranks exists, or when the ranks passed
+// differ between ranks (the message says which).
+TFRING_EXPORT Status AddProcessSet(const std::vector<int>& ranks, int32_t* id);
+
+// Removes a process set. Collective over every rank of the job. Collectives
+// of the set still pending fail. InvalidArgument for id 0, an unknown id, or
+// a job without dynamic process sets.
+TFRING_EXPORT Status RemoveProcessSet(int32_t id);
+
+// The process sets that exist now, by id (0: the global set), each with its
+// ranks. Empty while not initialised.
+TFRING_EXPORT std::map<int32_t, std::vector<int>> ProcessSets();
 
 // Coordinated shutdown: the flag rides the next negotiation round so every
 // rank stops together; pending operations fail with an Aborted status.

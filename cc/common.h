@@ -86,6 +86,9 @@ struct Request {
   double prescale_factor = 1.0;         // allreduce and reducescatter
   double postscale_factor = 1.0;        // allreduce and reducescatter
   int32_t rank = 0;                     // the submitting rank (filled by core)
+  // The process set the collective runs in (0: every rank of the job). Ranks
+  // in error messages and root_rank are the job's ranks, not the set's.
+  int32_t process_set_id = 0;
 };
 
 }  // namespace tfring

@@ -84,7 +84,7 @@ Response ScalarRejected(const Request& request) {
   response.is_error = true;
   response.error_message = std::string("tfring ") + CollectiveTypeName(request.type) +
                            " of tensor '" + request.name +
-                           "': the tensor is a scalar, but a " + CollectiveTypeName(request.type) +
+                           "': the tensor is a scalar, but " + CollectiveTypeName(request.type) +
                            " divides dimension 0 between the ranks, so it needs at least one "
                            "dimension. Reshape it, e.g. tf.reshape(x, [1]) (every rank passed a "
                            "scalar).";
