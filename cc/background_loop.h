@@ -10,17 +10,27 @@
 //    independent ops in any order); the negotiation puts them in one order.
 // Each cycle: wait for new work (or the cycle time), run a negotiation round
 // (controller), execute the agreed responses (executor), fire callbacks.
+//
+// Process sets: each set this rank belongs to has its own transport,
+// controller (so its own negotiation, cache and coordinator) and executor;
+// one thread serves them all, running their rounds every cycle in id order,
+// the global set first. Ranks of disjoint sets never wait for each other,
+// and ranks sharing several sets meet them in the same order, so no two
+// ranks can wait in different sets' rounds for each other.
 #ifndef TFRING_CC_BACKGROUND_LOOP_H_
 #define TFRING_CC_BACKGROUND_LOOP_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cc/collective_executor.h"
 #include "cc/config.h"
 #include "cc/controller.h"
+#include "cc/process_set_registry.h"
 #include "cc/tensor_queue.h"
 #include "cc/transport.h"
 
@@ -28,9 +38,14 @@ namespace tfring {
 
 class BackgroundLoop {
  public:
-  // The loop borrows `transport` and `queue`; both must outlive it.
-  BackgroundLoop(Transport* transport, TensorQueue* queue, const Config& config);
+  // The loop borrows `transport` (the global set's), `queue` and `registry`
+  // (may be null: the global set only); all must outlive it.
+  BackgroundLoop(Transport* transport, TensorQueue* queue, const Config& config,
+                 ProcessSetRegistry* registry = nullptr);
   ~BackgroundLoop();
+
+  // Before Start: a process set this rank belongs to, over `transport`.
+  void AddProcessSet(int32_t id, std::vector<int> ranks, std::unique_ptr<Transport> transport);
 
   // Collective: prepares every rank's executor, then starts the thread. On
   // failure (on any rank) no thread starts and every rank returns the error.
@@ -40,20 +55,39 @@ class BackgroundLoop {
   // Waits for the thread to exit. Returns why the loop stopped.
   Status Join();
   bool running() const { return running_.load(); }
-  // Valid after Join (the controller belongs to the background thread).
-  const Controller& controller() const { return controller_; }
+  // The global set's controller. Valid after Join (it belongs to the
+  // background thread).
+  const Controller& controller() const { return sets_.front()->controller; }
 
  private:
-  void Run();
-  // One negotiation round; an exception (e.g. std::bad_alloc) becomes an
-  // error status, which stops the loop like a transport failure would.
-  Status RunRoundCatching(RoundOutcome* outcome);
+  // What the loop keeps for one process set this rank belongs to.
+  struct SetRuntime {
+    SetRuntime(int32_t id, std::vector<int> ranks, std::unique_ptr<Transport> owned,
+               Transport* transport, const Config& config);
+    const int32_t id;
+    const std::vector<int> ranks;  // job ranks, sorted
+    std::unique_ptr<Transport> owned_transport;  // null for the global set
+    Transport* transport;
+    Controller controller;
+    CollectiveExecutor executor;
+  };
 
-  Transport* transport_;
+  void Run();
+  // This cycle's new requests, by process set. Requests of a set this rank
+  // no longer has (removed meanwhile) fail here.
+  std::map<int32_t, std::vector<Request>> TakeNewRequestsBySet();
+  // One round and its execution for `set`. A failure returned stops the loop.
+  Status RunSet(SetRuntime& set, std::vector<Request> requests, bool request_shutdown,
+                RoundOutcome* outcome);
+  // Applies the staged process-set change (every rank applies it in the
+  // same cycle).
+  void ApplyProcessSetChange();
+  bool AnyPending() const;
+
   TensorQueue* queue_;
   const Config& config_;
-  Controller controller_;
-  CollectiveExecutor executor_;
+  ProcessSetRegistry* registry_;
+  std::vector<std::unique_ptr<SetRuntime>> sets_;  // by id; the global set first
   std::thread thread_;
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> running_{false};

@@ -1,9 +1,11 @@
 #include "cc/collective_executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "cc/logging.h"
 #include "cc/reduce_kernels.h"
@@ -42,8 +44,15 @@ Status AllocateOutput(TensorEntry& entry, const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-CollectiveExecutor::CollectiveExecutor(Transport* transport, const Config& config)
-    : transport_(transport), config_(config) {}
+CollectiveExecutor::CollectiveExecutor(Transport* transport, const Config& config,
+                                       std::vector<int> world_ranks)
+    : transport_(transport), config_(config), world_ranks_(std::move(world_ranks)) {}
+
+std::vector<int> CollectiveExecutor::WorldRanks(const std::vector<int>& ranks) const {
+  std::vector<int> world;
+  for (int rank : ranks) world.push_back(world_ranks_[rank]);
+  return world;
+}
 
 Status CollectiveExecutor::Prepare() {
   // The planner keeps every fused batch within the threshold, so one buffer
@@ -53,7 +62,7 @@ Status CollectiveExecutor::Prepare() {
   const int64_t bytes = FusionFootprint(config_.fusion_threshold);
   Status reserved;
   if (bytes > 0) {
-    fusion_buffer_.reset(new (std::nothrow) uint8_t[bytes]);
+    fusion_buffer_.reset(new (std::nothrow) uint8_t[bytes], std::default_delete<uint8_t[]>());
     if (!fusion_buffer_) {
       reserved = Status::ResourceExhausted(
           "could not reserve the fusion buffer of " + std::to_string(bytes) +
@@ -144,7 +153,7 @@ Status CollectiveExecutor::PrepareOutputs(std::vector<TensorEntry>& entries,
       words_by_rank[r] = all_words.data() + r * local_words.size() + word_offset;
     }
     word_offset += ShapeWordCount(request.type, size);
-    Status built = BuildRowLayout(request, words_by_rank, rank, size, &layouts_[i]);
+    Status built = BuildRowLayout(request, words_by_rank, rank, world_ranks_, &layouts_[i]);
     if (!built.ok()) {
       (*outcome)[i] = built;  // the same verdict on every rank
       continue;
@@ -288,12 +297,13 @@ Status CollectiveExecutor::AgreeOnLocalFailures(const std::vector<std::string>& 
     }
     if (failed.empty()) continue;
     if (!local[i].ok()) {
-      (*agreed)[i] = Status(local[i].code(), whats[i] + " failed on " + RanksToString(failed) +
+      (*agreed)[i] = Status(local[i].code(), whats[i] + " failed on " +
+                                                 RanksToString(WorldRanks(failed)) +
                                                  " (this rank: " + local[i].message() +
                                                  "). Every rank skipped it.");
     } else {
       (*agreed)[i] = Status::FailedPrecondition(
-          whats[i] + " failed on " + RanksToString(failed) +
+          whats[i] + " failed on " + RanksToString(WorldRanks(failed)) +
           " (that rank's error says why). Every rank skipped it.");
     }
   }
@@ -413,10 +423,18 @@ Status CollectiveExecutor::RunAlltoall(size_t index, TensorEntry& entry) {
 Status CollectiveExecutor::RunBroadcast(TensorEntry& entry) {
   const Request& request = entry.request;
   const int64_t bytes = ByteSize(request);
-  if (transport_->rank() == request.root_rank && entry.buffers.output != entry.buffers.input) {
+  // root_rank is a job rank; the transport counts the set's ranks.
+  const auto root = std::find(world_ranks_.begin(), world_ranks_.end(), request.root_rank);
+  if (root == world_ranks_.end()) {
+    return Status::InvalidArgument(Describe(request) + ": root_rank " +
+                                   std::to_string(request.root_rank) +
+                                   " is not in the process set");
+  }
+  const int root_rank = static_cast<int>(root - world_ranks_.begin());
+  if (transport_->rank() == root_rank && entry.buffers.output != entry.buffers.input) {
     std::memcpy(entry.buffers.output, entry.buffers.input, bytes);
   }
-  return transport_->Broadcast(entry.buffers.output, bytes, request.root_rank);
+  return transport_->Broadcast(entry.buffers.output, bytes, root_rank);
 }
 
 }  // namespace tfring

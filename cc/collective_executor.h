@@ -42,12 +42,21 @@ namespace tfring {
 
 class CollectiveExecutor {
  public:
-  CollectiveExecutor(Transport* transport, const Config& config);
+  // `world_ranks[r]`: the job rank of the transport's rank r (the transport
+  // may span a process set): broadcast roots arrive as job ranks, and
+  // messages name job ranks.
+  CollectiveExecutor(Transport* transport, const Config& config, std::vector<int> world_ranks);
 
   // Collective, once before the first Execute: reserves the fusion buffer
   // (address space only; pages are touched when a batch first needs them).
   // Fails on every rank when any rank could not reserve it.
   Status Prepare();
+  // Instead of Prepare: use `other`'s fusion buffer. The background thread
+  // runs one executor at a time, so the executors of all process sets share
+  // the global set's buffer.
+  void ShareFusionBuffer(const CollectiveExecutor& other) {
+    fusion_buffer_ = other.fusion_buffer_;
+  }
 
   // Executes `responses` in order, taking each entry from `queue` and
   // calling its callback exactly once. Returns a transport failure (the job
@@ -82,9 +91,13 @@ class CollectiveExecutor {
   // division by the size for Average.
   void FinishReduction(const Request& request, const void* src, void* dst, int64_t count) const;
 
+  // Job ranks of the transport's ranks in `ranks`, for messages.
+  std::vector<int> WorldRanks(const std::vector<int>& ranks) const;
+
   Transport* transport_;
   const Config& config_;
-  std::unique_ptr<uint8_t[]> fusion_buffer_;
+  const std::vector<int> world_ranks_;
+  std::shared_ptr<uint8_t[]> fusion_buffer_;
   // This round's layouts, by entry index (allgather, alltoall, reducescatter).
   std::vector<RowLayout> layouts_;
   // This round's scratch inputs of direct reducescatters with a prescale

@@ -1,6 +1,7 @@
 #include "cc/controller.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "cc/logging.h"
 #include "cc/wire_format.h"
@@ -10,6 +11,8 @@ namespace {
 
 // Flag bits of the first word (stored inverted, so the AND yields an OR).
 constexpr uint64_t kNeedsNegotiation = 1ull << 0;
+// Flag bits of the agreed word (plain, so the AND says "every rank").
+constexpr uint64_t kProcessSetChangeStaged = 1ull << 0;
 
 // A cache hit that has not been agreed for this long is sent to the
 // coordinator, so the stall report can name the ranks that are missing it.
@@ -27,25 +30,31 @@ void ClearBit(std::vector<uint64_t>* bits, int64_t word0, int64_t index) {
 
 }  // namespace
 
-Controller::Controller(Transport* transport, const Config& config)
-    : transport_(transport), config_(config), cache_(config.cache_capacity) {
+Controller::Controller(Transport* transport, const Config& config, std::vector<int> world_ranks)
+    : transport_(transport),
+      config_(config),
+      world_ranks_(std::move(world_ranks)),
+      cache_(config.cache_capacity) {
   const int64_t cache_words = cache_.num_words();
   const int64_t rank_words = (transport_->size() + 63) / 64;
   layout_.flags = 0;
   layout_.hits = 1;
   layout_.invalid = layout_.hits + cache_words;
   layout_.shutdown_ranks = layout_.invalid + cache_words;
-  layout_.total = layout_.shutdown_ranks + rank_words;
+  layout_.agreed = layout_.shutdown_ranks + rank_words;
+  layout_.total = layout_.agreed + 1;
   if (transport_->rank() == 0) {
-    coordinator_ = std::make_unique<Coordinator>(transport_->size(), config_);
+    coordinator_ = std::make_unique<Coordinator>(world_ranks_, config_);
   }
 }
 
-std::vector<uint64_t> Controller::BuildBits(bool request_shutdown, Clock::time_point now) {
+std::vector<uint64_t> Controller::BuildBits(bool request_shutdown, bool change_staged,
+                                            Clock::time_point now) {
   std::vector<uint64_t> bits(layout_.total, 0);
   // Inverted sections start all ones; a rank clears a bit to raise it.
   for (int64_t w = 0; w < layout_.hits; ++w) bits[w] = ~0ull;
-  for (int64_t w = layout_.invalid; w < layout_.total; ++w) bits[w] = ~0ull;
+  for (int64_t w = layout_.invalid; w < layout_.agreed; ++w) bits[w] = ~0ull;
+  if (change_staged) bits[layout_.agreed] |= kProcessSetChangeStaged;
 
   bool needs_negotiation = false;
   for (Pending& pending : pending_) {
@@ -101,21 +110,22 @@ void Controller::TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOut
 }
 
 Status Controller::RunRound(std::vector<Request> new_requests, bool request_shutdown,
-                            RoundOutcome* outcome) {
+                            bool process_set_change_staged, RoundOutcome* outcome) {
   *outcome = RoundOutcome();
   const Clock::time_point now = Clock::now();
   for (Request& request : new_requests) {
-    request.rank = transport_->rank();
+    request.rank = world_ranks_[transport_->rank()];
     pending_.push_back(Pending{std::move(request), now});
   }
 
-  std::vector<uint64_t> bits = BuildBits(request_shutdown, now);
+  std::vector<uint64_t> bits = BuildBits(request_shutdown, process_set_change_staged, now);
   TFRING_RETURN_IF_ERROR(transport_->BitwiseAndAllreduce(&bits));
   TakeCachedResponses(bits, outcome);
+  outcome->process_set_change_agreed = (bits[layout_.agreed] & kProcessSetChangeStaged) != 0;
 
   std::vector<int> shutdown_ranks;
   for (int rank = 0; rank < transport_->size(); ++rank) {
-    if (!TestBit(bits, layout_.shutdown_ranks, rank)) shutdown_ranks.push_back(rank);
+    if (!TestBit(bits, layout_.shutdown_ranks, rank)) shutdown_ranks.push_back(world_ranks_[rank]);
   }
   if (!shutdown_ranks.empty()) {
     outcome->shutdown = true;
@@ -166,6 +176,12 @@ Status Controller::Negotiate(Clock::time_point now, RoundOutcome* outcome) {
     outcome->shutdown_reason = shutdown_reason;
   }
   return Status::OK();
+}
+
+std::vector<std::string> Controller::PendingNames() const {
+  std::vector<std::string> names;
+  for (const Pending& pending : pending_) names.push_back(pending.request.name);
+  return names;
 }
 
 void Controller::RemovePending(const std::string& name) {

@@ -1,6 +1,8 @@
 #include "cc/coordinator.h"
 
+#include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "cc/logging.h"
 #include "cc/response_builder.h"
@@ -16,13 +18,17 @@ double SecondsBetween(Coordinator::Clock::time_point from, Coordinator::Clock::t
 
 }  // namespace
 
-Coordinator::Coordinator(int world_size, const Config& config)
-    : world_size_(world_size), config_(config) {}
+Coordinator::Coordinator(std::vector<int> world_ranks, const Config& config)
+    : world_ranks_(std::move(world_ranks)),
+      world_size_(static_cast<int>(world_ranks_.size())),
+      config_(config) {}
 
 void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point now) {
   for (const Request& request : requests) {
-    TFRING_CHECK(request.rank >= 0 && request.rank < world_size_,
-                 "request from unknown rank " << request.rank);
+    // Requests carry job ranks; the table is indexed by position in the set.
+    const auto position = std::find(world_ranks_.begin(), world_ranks_.end(), request.rank);
+    TFRING_CHECK(position != world_ranks_.end(), "request from unknown rank " << request.rank);
+    const int index = static_cast<int>(position - world_ranks_.begin());
     auto inserted = table_.try_emplace(request.name);
     Entry& entry = inserted.first->second;
     if (inserted.second) {
@@ -31,10 +37,10 @@ void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point no
       entry.first_seen = now;
       entry.last_warned = now;
     }
-    TFRING_CHECK(!entry.submitted[request.rank],
+    TFRING_CHECK(!entry.submitted[index],
                  "rank " << request.rank << " submitted '" << request.name << "' twice");
-    entry.submitted[request.rank] = true;
-    entry.by_rank[request.rank] = request;
+    entry.submitted[index] = true;
+    entry.by_rank[index] = request;
     if (++entry.count == world_size_) {
       ready_.push_back(BuildResponse(entry.by_rank));
       table_.erase(inserted.first);
@@ -68,8 +74,8 @@ std::string Coordinator::InspectStalls(Clock::time_point now) {
     if (warn_after <= 0 || SecondsBetween(entry.last_warned, now) < warn_after) continue;
     entry.last_warned = now;
     any_to_warn = true;
-    for (int rank = 0; rank < world_size_; ++rank) {
-      if (!entry.submitted[rank]) missing_by_rank[rank].push_back(name);
+    for (int index = 0; index < world_size_; ++index) {
+      if (!entry.submitted[index]) missing_by_rank[world_ranks_[index]].push_back(name);
     }
   }
   if (any_to_warn) {

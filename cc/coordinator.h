@@ -23,7 +23,9 @@ class Coordinator {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Coordinator(int world_size, const Config& config);
+  // `world_ranks[i]`: the job rank of the i-th rank taking part (the ranks
+  // of a process set); requests carry job ranks.
+  Coordinator(std::vector<int> world_ranks, const Config& config);
 
   // Records requests gathered this round (each carries its rank).
   void Add(const std::vector<Request>& requests, Clock::time_point now);
@@ -43,7 +45,8 @@ class Coordinator {
     Clock::time_point last_warned;
   };
 
-  const int world_size_;
+  const std::vector<int> world_ranks_;
+  const int world_size_;  // ranks taking part
   const Config& config_;
   std::map<std::string, Entry> table_;
   ResponseList ready_;

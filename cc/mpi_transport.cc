@@ -131,6 +131,21 @@ Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transp
   return Status::OK();
 }
 
+Status MpiTransport::CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
+                                  std::unique_ptr<MpiTransport>* transport) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const bool member = std::binary_search(ranks.begin(), ranks.end(), rank);
+  MPI_Comm subset = MPI_COMM_NULL;
+  TFRING_MPI_CALL(MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &subset),
+                  "MPI_Comm_split (process set)");
+  transport->reset();
+  if (subset == MPI_COMM_NULL) return Status::OK();
+  Status created = Create(subset, transport);  // its own duplicate
+  MPI_Comm_free(&subset);
+  return created;
+}
+
 MpiTransport::~MpiTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <vector>
 
 #include "cc/api.h"
 #include "cc/transport.h"
@@ -25,6 +26,11 @@ class MpiTransport : public Transport {
  public:
   // Duplicates `comm`. MPI must be initialised.
   static Status Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport);
+  // Collective over every rank of `comm`: a transport over the ranks of
+  // `comm` listed in `ranks` (sorted). Ranks not listed get null.
+  static Status CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
+                             std::unique_ptr<MpiTransport>* transport);
+  MPI_Comm comm() const { return comm_; }
   ~MpiTransport() override;
 
   int rank() const override { return topology_.rank; }

@@ -8,7 +8,11 @@
 // in step with the other ranks.
 #include <mpi.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 #include <mutex>
 
 #include "cc/api.h"
@@ -17,6 +21,8 @@
 #include "cc/job_config.h"
 #include "cc/logging.h"
 #include "cc/mpi_transport.h"
+#include "cc/process_set_checks.h"
+#include "cc/process_set_registry.h"
 #include "cc/tensor_queue.h"
 
 namespace tfring {
@@ -24,7 +30,12 @@ namespace {
 
 struct CoreState {
   std::mutex lifecycle_mutex;  // serialises InitializeMpi and Shutdown
+  std::mutex process_set_mutex;  // serialises AddProcessSet and RemoveProcessSet
   std::unique_ptr<MpiTransport> transport;
+  // The caller's threads' own communicator, for process-set changes (the
+  // background thread owns `transport`'s).
+  std::shared_ptr<MpiTransport> control;
+  std::shared_ptr<ProcessSetRegistry> registry;
   std::shared_ptr<TensorQueue> queue;  // shared: Enqueue may hold it across Shutdown
   std::unique_ptr<BackgroundLoop> loop;
   Topology topology;
@@ -69,13 +80,19 @@ const char kNotInitialized[] =
     "tfring has not been initialized (or was shut down); call tfring.init() on every rank "
     "before running collectives.";
 
+void DiscardLocked(CoreState& state) {
+  state.loop.reset();
+  state.queue.reset();
+  state.registry.reset();
+  state.control.reset();
+  state.transport.reset();
+}
+
 Status ShutdownLocked(CoreState& state) {
   if (!state.loop) return Status::OK();
   state.loop->RequestShutdown();
   state.loop->Join();
-  state.loop.reset();
-  state.queue.reset();
-  state.transport.reset();
+  DiscardLocked(state);
   return Status::OK();
 }
 
@@ -96,26 +113,88 @@ void InstallFinalizeHook(CoreState& state) {
   state.finalize_hook_installed = true;
 }
 
-// Creates the transport over a duplicate of `comm`, agrees on the job-wide
-// configuration and starts the loop; every step is collective. On failure the
-// caller discards what was created.
-Status StartLocked(CoreState& state, MPI_Comm comm) {
+// The process-set table at init: the global set, then `sets` as ids 1, 2, ...
+// Collective: the ranks check they passed the same sets.
+Status BuildProcessSets(CoreState& state, const std::vector<std::vector<int>>& sets,
+                        bool dynamic) {
+  const std::string what = "tfring.init(process_sets=...)";
+  std::vector<std::vector<int>> described = sets;
+  if (dynamic) described.push_back({-1});  // "dynamic" must agree too
+  TFRING_RETURN_IF_ERROR(AgreeOnProcessSets(state.control.get(), described, what));
+  const int size = state.topology.size;
+  std::map<int32_t, std::vector<int>> table;
+  for (int r = 0; r < size; ++r) table[0].push_back(r);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    TFRING_RETURN_IF_ERROR(CheckProcessSetRanks(sets[i], size, what));
+    for (const auto& [id, ranks] : table) {
+      if (ranks == sets[i]) {
+        return Status::InvalidArgument(
+            what + ": the process set " + RankListToString(sets[i]) + " is listed twice (or is "
+            "the global set, which always exists as id 0). List each set once.");
+      }
+    }
+    table[static_cast<int32_t>(i + 1)] = sets[i];
+  }
+  state.registry = std::make_shared<ProcessSetRegistry>(std::move(table), dynamic);
+  return Status::OK();
+}
+
+// Creates the transports over duplicates of `comm`, agrees on the job-wide
+// configuration and the process sets, and starts the loop; every step is
+// collective. On failure the caller discards what was created.
+Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vector<int>>& sets,
+                   bool dynamic) {
   TFRING_RETURN_IF_ERROR(MpiTransport::Create(comm, &state.transport));
+  std::unique_ptr<MpiTransport> control;
+  TFRING_RETURN_IF_ERROR(MpiTransport::Create(comm, &control));
+  state.control = std::move(control);
   state.topology = state.transport->topology();
   SetLogRank(state.topology.rank);
   // Read at every init, so a job can change a knob between shutdown and init.
   state.config = Config::FromEnvironment();
   TFRING_RETURN_IF_ERROR(AdoptRootJobConfig(state.transport.get(), &state.config));
+  TFRING_RETURN_IF_ERROR(BuildProcessSets(state, sets, dynamic));
   InstallFinalizeHook(state);
   state.queue = std::make_shared<TensorQueue>();
   state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
-                                                state.config);
+                                                state.config, state.registry.get());
+  for (const auto& [id, ranks] : state.registry->Sets()) {
+    if (id == 0) continue;
+    std::unique_ptr<MpiTransport> member;
+    TFRING_RETURN_IF_ERROR(MpiTransport::CreateSubset(state.control->comm(), ranks, &member));
+    if (member) state.loop->AddProcessSet(id, ranks, std::move(member));
+  }
   return state.loop->Start();
+}
+
+// What a process-set change needs, taken under the lifecycle lock (the
+// change itself waits for the background thread, without the lock).
+struct ChangeContext {
+  std::shared_ptr<MpiTransport> control;
+  std::shared_ptr<ProcessSetRegistry> registry;
+  int size = 0;
+};
+
+Status TakeChangeContext(const std::string& what, ChangeContext* context) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (!state.loop || !state.loop->running()) return Status::FailedPrecondition(kNotInitialized);
+  if (!state.registry->dynamic()) {
+    return Status::InvalidArgument(
+        what + " needs dynamic process sets, but tfring was initialized without them. Call "
+        "tfring.init(process_sets=\"dynamic\") on every rank to add and remove sets while "
+        "running, or list the sets in tfring.init(process_sets=[...]).");
+  }
+  context->control = state.control;
+  context->registry = state.registry;
+  context->size = state.topology.size;
+  return Status::OK();
 }
 
 }  // namespace
 
-Status InitializeMpi(int64_t mpi_comm_fortran) {
+Status InitializeMpi(int64_t mpi_comm_fortran, const std::vector<std::vector<int>>& process_sets,
+                     bool dynamic_process_sets) {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   if (state.loop && state.loop->running()) return Status::OK();
@@ -130,13 +209,65 @@ Status InitializeMpi(int64_t mpi_comm_fortran) {
         "mpi4py; do not call MPI.Finalize() before tfring.shutdown().");
   }
   TFRING_RETURN_IF_ERROR(CheckThreadLevel());
-  Status started = StartLocked(state, MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran)));
-  if (!started.ok()) {
-    state.loop.reset();
-    state.queue.reset();
-    state.transport.reset();
-  }
+  Status started = StartLocked(state, MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran)),
+                               process_sets, dynamic_process_sets);
+  if (!started.ok()) DiscardLocked(state);
   return started;
+}
+
+Status AddProcessSet(const std::vector<int>& ranks, int32_t* id) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> serialised(state.process_set_mutex);
+  const std::string call = "tfring.add_process_set(" + RankListToString(ranks) + ")";
+  ChangeContext context;
+  TFRING_RETURN_IF_ERROR(TakeChangeContext(call, &context));
+  TFRING_RETURN_IF_ERROR(AgreeOnProcessSets(context.control.get(), {ranks}, call));
+  TFRING_RETURN_IF_ERROR(CheckProcessSetRanks(ranks, context.size, call));
+  for (const auto& [existing, existing_ranks] : context.registry->Sets()) {
+    if (existing_ranks == ranks) {
+      return Status::InvalidArgument(call + ": process set " + std::to_string(existing) +
+                                     " already has exactly these ranks. Use that set, or "
+                                     "remove it first.");
+    }
+  }
+  ProcessSetRegistry::Change change;
+  change.add = true;
+  change.id = context.registry->next_id();
+  change.ranks = ranks;
+  std::unique_ptr<MpiTransport> member;
+  TFRING_RETURN_IF_ERROR(MpiTransport::CreateSubset(context.control->comm(), ranks, &member));
+  change.transport = std::move(member);
+  const int32_t new_id = change.id;
+  TFRING_RETURN_IF_ERROR(context.registry->StageAndWait(std::move(change)));
+  *id = new_id;
+  return Status::OK();
+}
+
+Status RemoveProcessSet(int32_t id) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> serialised(state.process_set_mutex);
+  const std::string call = "tfring.remove_process_set(" + std::to_string(id) + ")";
+  ChangeContext context;
+  TFRING_RETURN_IF_ERROR(TakeChangeContext(call, &context));
+  TFRING_RETURN_IF_ERROR(AgreeOnProcessSets(context.control.get(), {{id}}, call));
+  if (id == 0) {
+    return Status::InvalidArgument(call + ": the global process set (id 0) cannot be removed.");
+  }
+  if (!context.registry->Find(id, nullptr)) {
+    return Status::InvalidArgument(call + ": there is no process set " + std::to_string(id) +
+                                   " (never added, or already removed).");
+  }
+  ProcessSetRegistry::Change change;
+  change.add = false;
+  change.id = id;
+  return context.registry->StageAndWait(std::move(change));
+}
+
+std::map<int32_t, std::vector<int>> ProcessSets() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (!state.registry) return {};
+  return state.registry->Sets();
 }
 
 Status Shutdown() {
@@ -172,19 +303,45 @@ bool MpiThreadsSupported() {
 Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
   CoreState& state = State();
   std::shared_ptr<TensorQueue> queue;
-  int size = 0;
+  std::shared_ptr<ProcessSetRegistry> registry;
+  int size = 0, rank = 0;
   {
     std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
     if (!state.loop) return Status::FailedPrecondition(kNotInitialized);
     queue = state.queue;
+    registry = state.registry;
     size = state.topology.size;
+    rank = state.topology.rank;
+  }
+  const std::string what =
+      std::string("tfring ") + CollectiveTypeName(request.type) + " of '" + request.name + "'";
+  std::vector<int> set_ranks;
+  if (!registry->Find(request.process_set_id, &set_ranks)) {
+    return Status::InvalidArgument(what + ": process set " +
+                                   std::to_string(request.process_set_id) +
+                                   " does not exist (it was never added, or was removed).");
+  }
+  if (!std::binary_search(set_ranks.begin(), set_ranks.end(), rank)) {
+    return Status::InvalidArgument(what + ": rank " + std::to_string(rank) +
+                                   " is not in process set " +
+                                   std::to_string(request.process_set_id) + " " +
+                                   RankListToString(set_ranks) +
+                                   ". Only the set's ranks may run its collectives; check "
+                                   "process_set.included() first.");
   }
   if (request.type == CollectiveType::kBroadcast &&
       (request.root_rank < 0 || request.root_rank >= size)) {
-    return Status::InvalidArgument("tfring broadcast of '" + request.name + "': root_rank " +
+    return Status::InvalidArgument(what + ": root_rank " +
                                    std::to_string(request.root_rank) + " is out of range; " +
                                    "expected 0 <= root_rank < size() = " + std::to_string(size) +
                                    ".");
+  }
+  if (request.type == CollectiveType::kBroadcast &&
+      !std::binary_search(set_ranks.begin(), set_ranks.end(), request.root_rank)) {
+    return Status::InvalidArgument(what + ": root_rank " + std::to_string(request.root_rank) +
+                                   " is not in process set " +
+                                   std::to_string(request.process_set_id) +
+                                   ". root_rank is a rank of the job and must belong to the set.");
   }
   if (IsReduction(request.type)) {
     const bool reducescatter = request.type == CollectiveType::kReducescatter;

@@ -57,12 +57,13 @@ std::string DescribeBadSplits(const int64_t* words, int size) {
 }
 
 Status AlltoallLayout(const Request& request, const std::vector<const int64_t*>& words_by_rank,
-                      int rank, int size, RowLayout* layout) {
+                      int rank, const std::vector<int>& world_ranks, RowLayout* layout) {
+  const int size = static_cast<int>(world_ranks.size());
   std::ostringstream problems;
   int bad_ranks = 0;
   for (int r = 0; r < size; ++r) {
     if (words_by_rank[r][kVerdict] == kValid) continue;
-    problems << (bad_ranks++ > 0 ? "; " : "") << "rank " << r << ": "
+    problems << (bad_ranks++ > 0 ? "; " : "") << "rank " << world_ranks[r] << ": "
              << DescribeBadSplits(words_by_rank[r], size);
   }
   if (bad_ranks > 0) {
@@ -84,7 +85,8 @@ Status AlltoallLayout(const Request& request, const std::vector<const int64_t*>&
     }
     if (std::max(sent, received) * layout->row_bytes > INT_MAX) {
       return Status::InvalidArgument(
-          "tfring alltoall of tensor '" + request.name + "': rank " + std::to_string(r) +
+          "tfring alltoall of tensor '" + request.name + "': rank " +
+          std::to_string(world_ranks[r]) +
           " would send or receive more than 2 GiB, which the MPI transport does not support "
           "yet; split the tensor into smaller alltoalls");
     }
@@ -151,7 +153,8 @@ int64_t ReducescatterRows(int64_t rows, int rank, int size) {
 }
 
 Status BuildRowLayout(const Request& request, const std::vector<const int64_t*>& words_by_rank,
-                      int rank, int size, RowLayout* layout) {
+                      int rank, const std::vector<int>& world_ranks, RowLayout* layout) {
+  const int size = static_cast<int>(world_ranks.size());
   *layout = RowLayout();
   layout->row_bytes = RowBytes(request);
   switch (request.type) {
@@ -160,7 +163,7 @@ Status BuildRowLayout(const Request& request, const std::vector<const int64_t*>&
       layout->send_rows.assign(size, Rows(request));
       break;
     case CollectiveType::kAlltoall:
-      TFRING_RETURN_IF_ERROR(AlltoallLayout(request, words_by_rank, rank, size, layout));
+      TFRING_RETURN_IF_ERROR(AlltoallLayout(request, words_by_rank, rank, world_ranks, layout));
       break;
     case CollectiveType::kReducescatter:
       for (int r = 0; r < size; ++r) {

@@ -41,11 +41,13 @@ int64_t ShapeWordCount(CollectiveType type, int size);
 std::vector<int64_t> ShapeWords(const Request& request, const TensorBuffers& buffers, int size);
 
 // The layout of one tensor on `rank`. `words_by_rank[r]` points to rank r's
-// ShapeWords for this tensor (unused for reducescatter). Returns
-// InvalidArgument, identically on every rank, when some rank's alltoall
-// splits are invalid or the transfer is too large for the transport.
+// ShapeWords for this tensor (unused for reducescatter); `world_ranks[r]` is
+// rank r's job rank (for messages; its size is the number of ranks).
+// Returns InvalidArgument, identically on every rank, when some rank's
+// alltoall splits are invalid or the transfer is too large for the
+// transport.
 Status BuildRowLayout(const Request& request, const std::vector<const int64_t*>& words_by_rank,
-                      int rank, int size, RowLayout* layout);
+                      int rank, const std::vector<int>& world_ranks, RowLayout* layout);
 
 // Rows of a reducescatter's dimension 0 kept by `rank`: an even share, one
 // more on the first rows % size ranks (Horovod's rule).
