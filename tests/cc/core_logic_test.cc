@@ -861,6 +861,98 @@ void TestFusedAllgather(int size) {
   });
 }
 
+// Process sets: the even ranks, the odd ranks (disjoint from the evens) and
+// {0, last} (overlapping both) run different collectives interleaved with
+// global ones, each rank in its own random order, for several steps: nothing
+// deadlocks, and every result has only its set's contributions. Broadcast
+// roots and message ranks are job ranks.
+void TestProcessSets(int size) {
+  std::vector<int> evens, odds;
+  for (int r = 0; r < size; ++r) (r % 2 ? odds : evens).push_back(r);
+  std::vector<std::vector<int>> sets = {evens};
+  if (!odds.empty()) sets.push_back(odds);
+  if (size > 2) sets.push_back({0, size - 1});
+  LoopbackCluster cluster(size, TestConfig(), sets);
+  auto sum_of = [](const std::vector<int>& ranks) {
+    float total = 0;
+    for (int r : ranks) total += float(r + 1);
+    return total;
+  };
+  OnEveryRank(size, [&](int rank) {
+    std::mt19937 rng(99 + rank);
+    for (int step = 0; step < 5; ++step) {
+      struct Job {
+        std::string name;
+        std::unique_ptr<Submitted> tensor;
+        int32_t set;
+      };
+      std::vector<std::function<Job()>> makers;
+      const std::string suffix = "_" + std::to_string(step);
+      makers.push_back([&] {
+        Request r = MakeRequest("global" + suffix, CollectiveType::kAllreduce, DataType::kFloat32,
+                                {2});
+        return Job{r.name, Submit(cluster.rank(rank), r, Bytes(std::vector<float>(2, rank + 1))),
+                   0};
+      });
+      for (size_t s = 0; s < sets.size(); ++s) {
+        if (std::find(sets[s].begin(), sets[s].end(), rank) == sets[s].end()) continue;
+        makers.push_back([&, s] {
+          const int32_t id = static_cast<int32_t>(s + 1);
+          Request r;
+          std::vector<uint8_t> input;
+          if (s == 0) {  // evens: Sum allreduce
+            r = MakeRequest("evens" + suffix, CollectiveType::kAllreduce, DataType::kFloat32, {3});
+            input = Bytes(std::vector<float>(3, rank + 1));
+          } else if (s == 1) {  // odds: allgather of one row per rank
+            r = MakeRequest("odds" + suffix, CollectiveType::kAllgather, DataType::kInt32, {1});
+            input = Bytes(std::vector<int32_t>{rank});
+          } else {  // {0, last}: broadcast from the last rank (a job rank)
+            r = MakeRequest("ends" + suffix, CollectiveType::kBroadcast, DataType::kInt64, {1});
+            r.root_rank = size - 1;
+            input = Bytes(std::vector<int64_t>{rank * 10});
+          }
+          r.process_set_id = id;
+          return Job{r.name, Submit(cluster.rank(rank), r, input), id};
+        });
+      }
+      std::shuffle(makers.begin(), makers.end(), rng);
+      std::vector<Job> jobs;
+      for (auto& make : makers) jobs.push_back(make());
+      for (Job& job : jobs) {
+        Status status = Await(*job.tensor);
+        EXPECT_TRUE(status.ok(), job.name << ": " << status.message());
+        if (job.set == 0) {
+          EXPECT_TRUE(Values<float>(job.tensor->output, 2)[0] == size * (size + 1) / 2.0f,
+                      job.name);
+        } else if (job.set == 1) {
+          EXPECT_TRUE(Values<float>(job.tensor->output, 3)[2] == sum_of(evens),
+                      job.name << " = " << Values<float>(job.tensor->output, 3)[2]);
+        } else if (job.set == 2) {
+          EXPECT_TRUE(Values<int32_t>(job.tensor->output, odds.size()) ==
+                          std::vector<int32_t>(odds.begin(), odds.end()),
+                      job.name);
+        } else {
+          EXPECT_TRUE(Values<int64_t>(job.tensor->output, 1)[0] == (size - 1) * 10, job.name);
+        }
+      }
+    }
+    // A mismatch inside a set names job ranks: the odd ranks disagree on the
+    // shape, and the message names rank 1 and rank 3.
+    if (size >= 4 && rank % 2 == 1) {
+      Request r = MakeRequest("odd_mismatch", CollectiveType::kAllreduce, DataType::kFloat32,
+                              {rank == 1 ? 2 : 3});
+      r.process_set_id = 2;
+      auto tensor = Submit(cluster.rank(rank), r, Bytes(std::vector<float>(rank == 1 ? 2 : 3)));
+      Status status = Await(*tensor);
+      EXPECT_TRUE(!status.ok() && status.message().find("rank 1 submitted [2]") !=
+                                      std::string::npos &&
+                      (status.message().find("rank 3 submitted [3]") != std::string::npos ||
+                       status.message().find("ranks 3, 5") != std::string::npos),
+                  status.message());
+    }
+  });
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -881,6 +973,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"alltoall_bad_splits", TestAlltoallBadSplits},
       {"reducescatter", TestReducescatter},
       {"fused_allgather", TestFusedAllgather},
+      {"process_sets", TestProcessSets},
   };
   return scenarios;
 }

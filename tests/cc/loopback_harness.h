@@ -4,6 +4,7 @@
 #ifndef TFRING_TESTS_CC_LOOPBACK_HARNESS_H_
 #define TFRING_TESTS_CC_LOOPBACK_HARNESS_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -38,11 +39,21 @@ class LoopbackCluster {
   LoopbackCluster(int size, const Config& config)
       : LoopbackCluster(std::vector<Config>(size, config)) {}
 
+  // With process sets: `process_sets[i]` (sorted ranks) gets id i + 1 and
+  // its own loopback world.
+  LoopbackCluster(int size, const Config& config, std::vector<std::vector<int>> process_sets)
+      : LoopbackCluster(std::vector<Config>(size, config), std::move(process_sets)) {}
+
   // Rank r starts from configs[r]; as at a real init, every rank then adopts
   // rank 0's job-wide knobs (job_config.h) before its loop starts.
-  explicit LoopbackCluster(std::vector<Config> configs) {
+  explicit LoopbackCluster(std::vector<Config> configs,
+                           std::vector<std::vector<int>> process_sets = {}) {
     const int size = static_cast<int>(configs.size());
     auto world = std::make_shared<LoopbackWorld>(size);
+    std::vector<std::shared_ptr<LoopbackWorld>> set_worlds;
+    for (const std::vector<int>& ranks : process_sets) {
+      set_worlds.push_back(std::make_shared<LoopbackWorld>(static_cast<int>(ranks.size())));
+    }
     for (int rank = 0; rank < size; ++rank) {
       auto context = std::make_unique<RankContext>();
       context->transport = std::make_unique<LoopbackTransport>(world, rank);
@@ -54,12 +65,21 @@ class LoopbackCluster {
     std::vector<std::thread> starting;
     std::vector<Status> started(size);
     for (int rank = 0; rank < size; ++rank) {
-      starting.emplace_back([this, rank, &started] {
+      starting.emplace_back([this, rank, &started, &process_sets, &set_worlds] {
         RankContext& context = *ranks_[rank];
         started[rank] = AdoptRootJobConfig(context.transport.get(), &context.config);
         if (!started[rank].ok()) return;
         context.loop = std::make_unique<BackgroundLoop>(context.transport.get(),
                                                         context.queue.get(), context.config);
+        for (size_t s = 0; s < process_sets.size(); ++s) {
+          const std::vector<int>& ranks = process_sets[s];
+          auto position = std::find(ranks.begin(), ranks.end(), rank);
+          if (position == ranks.end()) continue;
+          context.loop->AddProcessSet(
+              static_cast<int32_t>(s + 1), ranks,
+              std::make_unique<LoopbackTransport>(
+                  set_worlds[s], static_cast<int>(position - ranks.begin())));
+        }
         started[rank] = context.loop->Start();
       });
     }
