@@ -1,25 +1,62 @@
-"""tfring allreduce vs raw MPI (mpi4py) on the same buffers, in one job.
+"""tfring collectives vs raw MPI (mpi4py) on the same buffers, in one job.
 
     tfringrun -np 2 python benchmarks/allreduce.py [--repeats 20]
+        [--cases allreduce,allgather,alltoall,reducescatter]
 
-Cases:
-  * one float32 tensor of 4 KiB, 256 KiB, 4 MiB and 64 MiB: mpi4py
-    Allreduce in place and out of place vs tfring allreduce(op=Sum) eagerly
-    and inside a tf.function;
+--cases picks the case groups to run (comma-separated; default all); a run
+of one group is much shorter. The groups and their cases (float32 data):
+
+allreduce
+  * one tensor of 4 KiB, 256 KiB, 4 MiB and 64 MiB: mpi4py Allreduce in
+    place and out of place vs tfring allreduce(op=Sum) eagerly and inside a
+    tf.function;
   * the ResNet-50 gradient set (the shapes of ResNet50(weights=None)'s
     trainable variables): tfring in one tf.function (grouped_allreduce, and
     one allreduce per tensor) vs mpi4py one Allreduce per tensor vs mpi4py
     one Allreduce of all tensors packed into one buffer (pack and unpack
     copies included);
   * the latency of a lone 4 KiB allreduce, over many repetitions.
+allgather
+  * one tensor, 4 KiB, 4 MiB and 64 MiB of output (each rank gives
+    1/size): mpi4py Allgather and Allgatherv into a preallocated output, and
+    Allgather in place (this rank's part already in its output slot), vs
+    tfring allgather eagerly and inside a tf.function;
+  * 100 tensors of 1 KiB per rank in one step: mpi4py one Allgather per
+    tensor (src->dst and in place), and one Allgather of all of them packed
+    (each tensor copied into this rank's slot of one buffer, an in-place
+    Allgather, one strided copy out to per-tensor outputs), vs tfring
+    grouped_allgather (eager, which tfring runs as one tf.function, and in a
+    tf.function) and one allgather per tensor in one tf.function.
+alltoall
+  * one tensor of 4 KiB, 4 MiB and 64 MiB per rank, split evenly: mpi4py
+    Alltoall and Alltoallv (counts and displacements) into a preallocated
+    output, and Alltoall in place, vs tfring alltoall eagerly and inside a
+    tf.function.
+reducescatter
+  * one input of 4 KiB, 4 MiB and 64 MiB, summed: mpi4py
+    Reduce_scatter_block and Reduce_scatter (recvcounts) into a preallocated
+    output and both in place (MPI.IN_PLACE), vs tfring reducescatter(op=Sum)
+    eagerly and inside a tf.function;
+  * 100 inputs of 1 KiB per rank in one step: mpi4py one
+    Reduce_scatter_block per tensor (src->dst and in place), and one of all
+    of them packed (block r of every tensor copied to part r of one buffer,
+    one Reduce_scatter_block, a copy out), vs tfring grouped_reducescatter
+    (eager and in a tf.function) and one reducescatter per tensor in one
+    tf.function.
+Sizes that do not divide by the number of ranks are rounded down to whole
+elements per rank.
 
 Method: all variants of a case run interleaved, repetition by repetition (in
 a rotating order), so drift of the machine affects them alike. Every timed
 repetition starts after comm.Barrier(); its time is the slowest rank's. Each
 variant runs twice untimed first (tracing, negotiation, first allocations).
-Rank 0 prints median and min in ms, and for tfring the ratio to the best MPI
-variant of the case (median/median and min/min; below 1 means tfring wins)
-and to the best MPI variant that writes a separate output as tfring does.
+Before that, every variant's result is checked once, outside timing
+(mpi4py's against the expected values, tfring's against mpi4py's), so a
+broken op cannot be timed unnoticed. Rank 0 prints median and min in ms, and
+for tfring the ratio to the best MPI variant of the case (median/median and
+min/min; below 1 means tfring wins) and to the best MPI variant that writes
+a separate output as tfring does. Helpers live in benchmarks/_timing.py and
+benchmarks/_gather_scatter.py (imported from this script's directory).
 """
 
 import argparse
@@ -37,11 +74,27 @@ import tensorflow as tf  # noqa: E402
 import tfring as hvd  # noqa: E402
 import tfring._core  # noqa: E402
 
-KIB = 1024
-MIB = 1024 * KIB
+# Helpers next to this script (its directory is first on sys.path).
+import _gather_scatter as gs  # noqa: E402
+from _timing import (KIB, MIB, check, describe_size, measure,  # noqa: E402
+                     print_table)
+
+CASE_GROUPS = ("allreduce", "allgather", "alltoall", "reducescatter")
 SIZES = (4 * KIB, 256 * KIB, 4 * MIB, 64 * MIB)
+SHARD_SIZES = (4 * KIB, 4 * MIB, 64 * MIB)  # allgather, alltoall, ...
+SMALL_COUNT, SMALL_BYTES = 100, 1 * KIB  # the many-small-tensors cases
 RESNET50_TENSORS = 214
 RESNET50_VALUES = 25_583_592
+
+
+def case_groups(text):
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in CASE_GROUPS]
+    if unknown or not groups:
+        raise argparse.ArgumentTypeError(
+            f"unknown case group(s) {unknown or text!r}; expected a "
+            f"comma-separated subset of {','.join(CASE_GROUPS)}")
+    return [g for g in CASE_GROUPS if g in groups]
 
 
 def parse_args():
@@ -50,39 +103,14 @@ def parse_args():
                         help="timed repetitions per variant (default 20)")
     parser.add_argument("--latency-repeats", type=int, default=500,
                         help="timed repetitions of the lone 4 KiB allreduce")
+    parser.add_argument("--cases", type=case_groups,
+                        default=list(CASE_GROUPS),
+                        help="case groups to run, comma-separated (default "
+                             f"all: {','.join(CASE_GROUPS)})")
     parser.add_argument("--intra-op-threads", type=int, default=1,
                         help="TensorFlow intra-op threads per rank (default "
                              "1; 0 for TensorFlow's default)")
     return parser.parse_args()
-
-
-def measure(comm, variants, repeats):
-    """Times `variants` ({label: fn}) interleaved; returns {label: seconds[]}
-    with, for each repetition, the time of the slowest rank."""
-    labels = list(variants)
-    for label in labels:
-        for _ in range(2):
-            comm.Barrier()
-            variants[label]()
-    times = {label: [] for label in labels}
-    for r in range(repeats):
-        shift = r % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            comm.Barrier()
-            start = time.perf_counter()
-            variants[label]()
-            times[label].append(time.perf_counter() - start)
-    every_rank = comm.allgather(times)
-    return {label: np.max([t[label] for t in every_rank], axis=0)
-            for label in labels}
-
-
-def check(what, got, expected):
-    if not np.array_equal(np.asarray(got), expected):
-        raise AssertionError(
-            f"{what}: wrong result on rank {hvd.rank()}: got "
-            f"{np.asarray(got).ravel()[:4]}..., expected "
-            f"{np.asarray(expected).ravel()[:4]}...")
 
 
 def single_tensor_variants(comm, num_bytes):
@@ -187,39 +215,6 @@ def resnet50_variants(comm, shapes):
     return variants
 
 
-def describe_size(num_bytes):
-    return f"{num_bytes // MIB} MiB" if num_bytes >= MIB else \
-        f"{num_bytes // KIB} KiB"
-
-
-def print_table(results):
-    """results: [(case, {label: seconds[]})]; rank 0 only."""
-    header = (f"{'case':<15} {'variant':<44} {'median ms':>9} {'min ms':>8} "
-              f"{'/best MPI':>11} {'/best src->dst':>14}")
-    print(header)
-    print("-" * len(header))
-    for case, times in results:
-        mpi = {k: v for k, v in times.items() if k.startswith("mpi4py")}
-        # tfring's output is a new tensor, so "src->dst" MPI variants (not
-        # in place) do the same job; in place is the best MPI can do.
-        out_of_place = [v for k, v in mpi.items() if "in place" not in k]
-        best_median = min(np.median(v) for v in mpi.values())
-        best_min = min(np.min(v) for v in mpi.values())
-        best_oop = min(np.median(v) for v in out_of_place)
-        for label, t in times.items():
-            median, low = np.median(t), np.min(t)
-            ratios = "" if label in mpi else (
-                f"{f'{median / best_median:.2f}/{low / best_min:.2f}':>11} "
-                f"{median / best_oop:14.2f}")
-            print(f"{case:<15} {label:<44} {median * 1e3:9.3f} "
-                  f"{low * 1e3:8.3f} {ratios}")
-        print()
-    print("times: the slowest rank's, per repetition. /best MPI: tfring "
-          "median/median and min/min\nagainst the fastest mpi4py variant of "
-          "the case; /best src->dst: median against the\nfastest mpi4py "
-          "variant that, like tfring, writes a separate output.")
-
-
 def main():
     args = parse_args()
     if args.intra_op_threads > 0:
@@ -229,12 +224,12 @@ def main():
     hvd.init()
     rank0 = hvd.rank() == 0
     if rank0:
-        print(f"tfring allreduce benchmark: {hvd.size()} ranks on "
+        print(f"tfring collectives benchmark: {hvd.size()} ranks on "
               f"{socket.gethostname()} ({os.cpu_count()} cores), "
               f"TensorFlow {tf.__version__}, "
               f"{MPI.Get_library_version().split(',')[0].strip()}")
-        print(f"repeats {args.repeats}, latency repeats "
-              f"{args.latency_repeats}, intra-op threads "
+        print(f"cases {','.join(args.cases)}; repeats {args.repeats}, "
+              f"latency repeats {args.latency_repeats}, intra-op threads "
               f"{args.intra_op_threads or 'TF default'}")
         print("tfring configuration:")
         for entry in tfring._core.config():
@@ -244,32 +239,50 @@ def main():
         print(flush=True)
 
     started = time.perf_counter()
-    results = []
-    for num_bytes in SIZES:
-        variants = single_tensor_variants(comm, num_bytes)
-        results.append((describe_size(num_bytes),
-                        measure(comm, variants, args.repeats)))
-        del variants
+    results, latency, shapes = [], None, None
 
-    shapes = resnet50_shapes()
-    variants = resnet50_variants(comm, shapes)
-    case = f"ResNet-50 x{len(shapes)}"
-    results.append((case, measure(comm, variants, args.repeats)))
-    del variants
+    def run(case, variants, repeats=args.repeats):
+        results.append((case, measure(comm, variants, repeats)))
+        return results[-1][1]
 
-    latency = single_tensor_variants(comm, 4 * KIB)
-    results.append(("4 KiB latency", measure(comm, latency,
-                                             args.latency_repeats)))
+    if "allreduce" in args.cases:
+        for num_bytes in SIZES:
+            run(f"allreduce {describe_size(num_bytes)}",
+                single_tensor_variants(comm, num_bytes))
+        shapes = resnet50_shapes()
+        run(f"ResNet-50 x{len(shapes)}", resnet50_variants(comm, shapes))
+        latency = run("4 KiB latency", single_tensor_variants(comm, 4 * KIB),
+                      args.latency_repeats)
+    small = f"{SMALL_COUNT}x{describe_size(SMALL_BYTES)}"
+    if "allgather" in args.cases:
+        for num_bytes in SHARD_SIZES:
+            run(f"allgather {describe_size(num_bytes)}",
+                gs.allgather_variants(comm, num_bytes))
+        run(f"allgather {small}",
+            gs.many_allgather_variants(comm, SMALL_COUNT, SMALL_BYTES))
+    if "alltoall" in args.cases:
+        for num_bytes in SHARD_SIZES:
+            run(f"alltoall {describe_size(num_bytes)}",
+                gs.alltoall_variants(comm, num_bytes))
+    if "reducescatter" in args.cases:
+        for num_bytes in SHARD_SIZES:
+            run(f"reducescatter {describe_size(num_bytes)}",
+                gs.reducescatter_variants(comm, num_bytes))
+        run(f"reducescatter {small}",
+            gs.many_reducescatter_variants(comm, SMALL_COUNT, SMALL_BYTES))
 
     if rank0:
-        values = sum(int(np.prod(s)) for s in shapes)
-        print(f"ResNet-50 set: {len(shapes)} float32 tensors, {values:,} "
-              f"values ({values * 4 / MIB:.1f} MiB)\n")
+        if shapes is not None:
+            values = sum(int(np.prod(s)) for s in shapes)
+            print(f"ResNet-50 set: {len(shapes)} float32 tensors, "
+                  f"{values:,} values ({values * 4 / MIB:.1f} MiB)\n")
         print_table(results)
-        print("\n4 KiB latency percentiles in ms (p10 / p50 / p90 / p99):")
-        for label, t in results[-1][1].items():
-            p = np.percentile(t, [10, 50, 90, 99]) * 1e3
-            print(f"  {label:<44} " + " / ".join(f"{x:.3f}" for x in p))
+        if latency is not None:
+            print("\n4 KiB latency percentiles in ms "
+                  "(p10 / p50 / p90 / p99):")
+            for label, t in latency.items():
+                p = np.percentile(t, [10, 50, 90, 99]) * 1e3
+                print(f"  {label:<44} " + " / ".join(f"{x:.3f}" for x in p))
         print(f"\nmeasured in {time.perf_counter() - started:.0f} s",
               flush=True)
     # Keep every rank alive until rank 0 has printed.
