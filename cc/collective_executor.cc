@@ -78,11 +78,24 @@ Status CollectiveExecutor::Prepare() {
 Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* queue) {
   // Take every entry first: names are released before any callback runs.
   std::vector<TensorEntry> entries;
-  std::vector<Status> outcome(responses.size());
+  std::vector<Status> outcome;
   entries.reserve(responses.size());
+  stand_in_buffers_.clear();
   for (const Response& response : responses) {
-    entries.push_back(queue->Take(response.name()));
-    if (response.is_error) outcome.back() = Status::FailedPrecondition(response.error_message);
+    TensorEntry entry;
+    if (!queue->TryTake(response.name(), &entry)) {
+      // This rank has joined and never submitted the tensor: it takes part
+      // with zeros in an allreduce, and skips anything else.
+      if (response.is_error) continue;
+      entry = JoinedStandIn(response);
+    }
+    entry.contributors = response.contributors > 0 ? response.contributors : transport_->size();
+    if (response.request.type == CollectiveType::kJoin) {
+      entry.request.root_rank = response.request.root_rank;  // the last rank to join
+    }
+    entries.push_back(std::move(entry));
+    outcome.push_back(response.is_error ? Status::FailedPrecondition(response.error_message)
+                                        : Status::OK());
   }
   auto fail_all = [&](const Status& status) {
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -223,14 +236,33 @@ Status CollectiveExecutor::RunBatch(const Batch& batch, std::vector<TensorEntry>
                          : RunDirectReducescatter(first, entry);
     case CollectiveType::kAlltoall: return RunAlltoall(first, entry);
     case CollectiveType::kBroadcast: return RunBroadcast(entry);
+    case CollectiveType::kJoin:
+      // Every rank has joined; nothing moves.
+      if (entry.buffers.output != nullptr) {
+        *static_cast<int32_t*>(entry.buffers.output) = entry.request.root_rank;
+      }
+      return Status::OK();
   }
   return Status::Internal("unknown collective type");
 }
 
-void CollectiveExecutor::FinishReduction(const Request& request, const void* src, void* dst,
+void CollectiveExecutor::FinishReduction(const TensorEntry& entry, const void* src, void* dst,
                                          int64_t count) const {
-  const int64_t divisor = request.reduce_op == ReduceOp::kAverage ? transport_->size() : 1;
+  const Request& request = entry.request;
+  const int64_t divisor = request.reduce_op == ReduceOp::kAverage ? entry.contributors : 1;
   ScaleCopy(request.dtype, src, dst, count, request.postscale_factor, divisor);
+}
+
+TensorEntry CollectiveExecutor::JoinedStandIn(const Response& response) {
+  TensorEntry entry;
+  entry.request = response.request;
+  const int64_t bytes = ByteSize(entry.request);
+  stand_in_buffers_.emplace_back(bytes, 0);  // zeros in
+  entry.buffers.input = stand_in_buffers_.back().data();
+  stand_in_buffers_.emplace_back(bytes, 0);  // discarded out
+  entry.buffers.output = stand_in_buffers_.back().data();
+  entry.done = [](const Status&) {};
+  return entry;
 }
 
 Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& members) {
@@ -253,7 +285,7 @@ Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& me
                                                first.dtype, TransportOp(first.reduce_op)));
   offset = 0;
   for (TensorEntry* entry : members) {
-    FinishReduction(entry->request, buffer + offset, entry->buffers.output,
+    FinishReduction(*entry, buffer + offset, entry->buffers.output,
                     NumElements(entry->request.shape));
     offset += FusionFootprint(ByteSize(entry->request));
   }
@@ -270,7 +302,7 @@ Status CollectiveExecutor::RunDirectAllreduce(TensorEntry& entry) {
   }
   TFRING_RETURN_IF_ERROR(transport_->Allreduce(input, entry.buffers.output, count, request.dtype,
                                                TransportOp(request.reduce_op)));
-  FinishReduction(request, entry.buffers.output, entry.buffers.output, count);
+  FinishReduction(entry, entry.buffers.output, entry.buffers.output, count);
   return Status::OK();
 }
 
@@ -371,7 +403,7 @@ Status CollectiveExecutor::RunDirectReducescatter(size_t index, TensorEntry& ent
                                                    request.dtype,
                                                    TransportOp(request.reduce_op)));
   const int64_t count = counts[transport_->rank()];
-  FinishReduction(request, entry.buffers.output, entry.buffers.output, count);
+  FinishReduction(entry, entry.buffers.output, entry.buffers.output, count);
   return Status::OK();
 }
 
@@ -406,7 +438,7 @@ Status CollectiveExecutor::RunFusedReducescatter(const std::vector<size_t>& memb
   for (size_t index : members) {
     const RowLayout& layout = layouts_[index];
     const int64_t count = layout.recv_rows[transport_->rank()] * layout.row_bytes / element_size;
-    FinishReduction(entries[index].request, cursor, entries[index].buffers.output, count);
+    FinishReduction(entries[index], cursor, entries[index].buffers.output, count);
     cursor += count * element_size;
   }
   return Status::OK();

@@ -87,9 +87,12 @@ class CollectiveExecutor {
   // failed). The returned status is the transport's.
   Status AgreeOnLocalFailures(const std::vector<std::string>& whats,
                               const std::vector<Status>& local, std::vector<Status>* agreed);
-  // Writes `count` reduced elements from `src` to `dst`: postscale, then
-  // division by the size for Average.
-  void FinishReduction(const Request& request, const void* src, void* dst, int64_t count) const;
+  // Writes `count` reduced elements of `entry` from `src` to `dst`:
+  // postscale, then division by the contributing ranks for Average.
+  void FinishReduction(const TensorEntry& entry, const void* src, void* dst, int64_t count) const;
+  // The entry a joined rank runs for another rank's allreduce: zeros in,
+  // output discarded (storage in stand_in_buffers_).
+  TensorEntry JoinedStandIn(const Response& response);
 
   // Job ranks of the transport's ranks in `ranks`, for messages.
   std::vector<int> WorldRanks(const std::vector<int>& ranks) const;
@@ -103,6 +106,8 @@ class CollectiveExecutor {
   // This round's scratch inputs of direct reducescatters with a prescale
   // factor, by entry index (allocated in step 1 so a failure is agreed on).
   std::vector<std::unique_ptr<uint8_t[]>> scaled_inputs_;
+  // This round's buffers of JoinedStandIn entries.
+  std::vector<std::vector<uint8_t>> stand_in_buffers_;
 };
 
 }  // namespace tfring

@@ -61,6 +61,7 @@ const char* CollectiveTypeName(CollectiveType type) {
     case CollectiveType::kBroadcast: return "broadcast";
     case CollectiveType::kAlltoall: return "alltoall";
     case CollectiveType::kReducescatter: return "reducescatter";
+    case CollectiveType::kJoin: return "join";
   }
   return "unknown";
 }

@@ -47,7 +47,13 @@ enum class CollectiveType : int32_t {
   kBroadcast = 2,
   kAlltoall = 3,
   kReducescatter = 4,
+  // A rank out of data: until every rank has joined, it takes part in the
+  // others' allreduces with zeros. Completes with the last rank to join.
+  kJoin = 5,
 };
+
+// The name under which every rank submits its join.
+inline constexpr char kJoinTensorName[] = "tfring.join";
 
 // Bytes per element of `dtype`.
 TFRING_EXPORT int64_t DataTypeSize(DataType dtype);

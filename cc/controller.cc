@@ -64,6 +64,10 @@ std::vector<uint64_t> Controller::BuildBits(bool request_shutdown, bool change_s
       needs_negotiation = true;
       continue;
     }
+    if (pending.request.type == CollectiveType::kJoin) {
+      needs_negotiation = true;  // joins are never cached
+      continue;
+    }
     const ResponseCache::Lookup lookup = cache_.Find(pending.request);
     switch (lookup.state) {
       case ResponseCache::State::kHit:
@@ -167,7 +171,11 @@ Status Controller::Negotiate(Clock::time_point now, RoundOutcome* outcome) {
   std::string shutdown_reason;
   TFRING_RETURN_IF_ERROR(DecodeResponses(encoded_responses, &negotiated, &shutdown_reason));
   for (Response& response : negotiated) {
-    if (!response.is_error) cache_.Put(response);
+    // A join, and a tensor some ranks sat out, are answered anew each time.
+    if (!response.is_error && response.contributors == 0 &&
+        response.request.type != CollectiveType::kJoin) {
+      cache_.Put(response);
+    }
     RemovePending(response.name());
     outcome->responses.push_back(std::move(response));
   }
@@ -187,8 +195,15 @@ std::vector<std::string> Controller::PendingNames() const {
 void Controller::RemovePending(const std::string& name) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [&](const Pending& p) { return p.request.name == name; });
-  TFRING_CHECK(it != pending_.end(), "response for '" << name << "' that this rank never sent");
-  pending_.erase(it);
+  if (it != pending_.end()) {
+    pending_.erase(it);
+    return;
+  }
+  // A rank that has joined takes part in tensors it never submitted.
+  const bool joined = std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) {
+    return p.request.type == CollectiveType::kJoin;
+  });
+  TFRING_CHECK(joined, "response for '" << name << "' that this rank never sent");
 }
 
 }  // namespace tfring

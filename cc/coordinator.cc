@@ -21,7 +21,8 @@ double SecondsBetween(Coordinator::Clock::time_point from, Coordinator::Clock::t
 Coordinator::Coordinator(std::vector<int> world_ranks, const Config& config)
     : world_ranks_(std::move(world_ranks)),
       world_size_(static_cast<int>(world_ranks_.size())),
-      config_(config) {}
+      config_(config),
+      joined_(world_size_, false) {}
 
 void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point now) {
   for (const Request& request : requests) {
@@ -41,11 +42,53 @@ void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point no
                  "rank " << request.rank << " submitted '" << request.name << "' twice");
     entry.submitted[index] = true;
     entry.by_rank[index] = request;
-    if (++entry.count == world_size_) {
-      ready_.push_back(BuildResponse(entry.by_rank));
-      table_.erase(inserted.first);
+    ++entry.count;
+    if (request.type == CollectiveType::kJoin) {
+      joined_[index] = true;
+      last_joined_rank_ = request.rank;
+      // A rank joining may complete tensors the others were waiting for.
+      for (auto it = table_.begin(); it != table_.end();) {
+        it = ReleaseIfReady(it);
+      }
+    } else {
+      ReleaseIfReady(inserted.first);
     }
   }
+}
+
+std::map<std::string, Coordinator::Entry>::iterator Coordinator::ReleaseIfReady(
+    std::map<std::string, Entry>::iterator it) {
+  Entry& entry = it->second;
+  const bool is_join = entry.by_rank[FirstSubmitted(entry)].type == CollectiveType::kJoin;
+  std::vector<Request> submitted;
+  std::vector<int> joined;
+  for (int index = 0; index < world_size_; ++index) {
+    if (entry.submitted[index]) {
+      submitted.push_back(entry.by_rank[index]);
+    } else if (joined_[index] && !is_join) {
+      joined.push_back(world_ranks_[index]);
+    } else {
+      return std::next(it);  // still waiting for this rank
+    }
+  }
+  if (is_join) {
+    // Every rank has joined: all learn the last one, and the job goes on.
+    Response response = BuildResponse(submitted);
+    response.request.root_rank = last_joined_rank_;
+    ready_.push_back(std::move(response));
+    joined_.assign(world_size_, false);
+    last_joined_rank_ = -1;
+  } else {
+    ready_.push_back(BuildResponse(submitted, joined));
+  }
+  return table_.erase(it);
+}
+
+int Coordinator::FirstSubmitted(const Entry& entry) const {
+  for (int index = 0; index < world_size_; ++index) {
+    if (entry.submitted[index]) return index;
+  }
+  return 0;
 }
 
 ResponseList Coordinator::TakeReady() {

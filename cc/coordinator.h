@@ -5,6 +5,10 @@
 // ordered list that rank 0 broadcasts; all ranks then execute the same
 // collectives in the same order even though their frameworks submitted them
 // in different orders. The table also tells who is late: the stall report.
+//
+// Join: a rank that has joined counts as present for every tensor (the
+// response then says how many ranks contributed); the join itself completes
+// when every rank has joined.
 #ifndef TFRING_CC_COORDINATOR_H_
 #define TFRING_CC_COORDINATOR_H_
 
@@ -45,11 +49,20 @@ class Coordinator {
     Clock::time_point last_warned;
   };
 
+  // Moves `it` to the ready list when every rank has submitted it or
+  // joined; returns the entry after it.
+  std::map<std::string, Entry>::iterator ReleaseIfReady(std::map<std::string, Entry>::iterator it);
+  int FirstSubmitted(const Entry& entry) const;
+
   const std::vector<int> world_ranks_;
   const int world_size_;  // ranks taking part
   const Config& config_;
   std::map<std::string, Entry> table_;
   ResponseList ready_;
+  // Ranks (by position) whose join is pending, and the job rank that joined
+  // last.
+  std::vector<bool> joined_;
+  int last_joined_rank_ = -1;
 };
 
 }  // namespace tfring

@@ -17,6 +17,10 @@ struct Response {
   // collective runs.
   Request request;
   bool is_error = false;
+  // How many ranks submitted the tensor: fewer than the set's size when the
+  // others had joined (they take part with zeros; Average divides by this).
+  // 0 means every rank.
+  int32_t contributors = 0;
   // Shown verbatim to the user on every rank when is_error.
   std::string error_message;
 

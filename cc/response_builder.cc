@@ -1,5 +1,6 @@
 #include "cc/response_builder.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -91,9 +92,32 @@ Response ScalarRejected(const Request& request) {
   return response;
 }
 
+// While ranks have joined only allreduce can run: they have no data for the
+// others (Horovod's rule).
+Response JoinedRejected(const Request& request, const std::vector<int>& joined) {
+  Response response;
+  response.request = request;
+  response.is_error = true;
+  std::string message = std::string("tfring ") + CollectiveTypeName(request.type) +
+                        " of tensor '" + request.name + "': " + RanksToString(joined) +
+                        (joined.size() == 1 ? " has" : " have") +
+                        " joined (tfring.join()), so it runs no more collectives until every "
+                        "rank has joined; only allreduce can run meanwhile (the joined ranks "
+                        "take part with zeros).";
+  if (request.type == CollectiveType::kBroadcast &&
+      std::find(joined.begin(), joined.end(), request.root_rank) != joined.end()) {
+    message += " The broadcast's root, rank " + std::to_string(request.root_rank) +
+               ", is one of them and has nothing to send.";
+  }
+  message += " Run this collective before the ranks join, or after join() returns on every "
+             "rank.";
+  response.error_message = message;
+  return response;
+}
+
 }  // namespace
 
-Response BuildResponse(const std::vector<Request>& requests) {
+Response BuildResponse(const std::vector<Request>& requests, const std::vector<int>& joined) {
   Response mismatch;
   if (Disagree(requests, "collective operation",
                [](const Request& r) { return std::string(CollectiveTypeName(r.type)); },
@@ -145,12 +169,17 @@ Response BuildResponse(const std::vector<Request>& requests) {
     return ScalarRejected(requests[0]);
   }
 
+  if (!joined.empty() && type != CollectiveType::kAllreduce) {
+    return JoinedRejected(requests[0], joined);
+  }
+
   Response response;
   response.request = requests[0];
   response.request.rank = 0;
   if (HasRunTimeShape(type) && !response.request.shape.empty()) {
     response.request.shape[0] = -1;
   }
+  if (!joined.empty()) response.contributors = static_cast<int32_t>(requests.size());
   return response;
 }
 

@@ -14,9 +14,11 @@
 
 namespace tfring {
 
-// `requests` holds exactly one request per rank, indexed by rank, all with
-// the same name.
-Response BuildResponse(const std::vector<Request>& requests);
+// `requests` holds the request of every rank that submitted the tensor (all
+// with the same name, each carrying its job rank); `joined` lists the job
+// ranks that did not because they have joined (tfring.join()): they take
+// part in an allreduce with zeros, and any other collective is an error.
+Response BuildResponse(const std::vector<Request>& requests, const std::vector<int>& joined = {});
 
 }  // namespace tfring
 

@@ -51,6 +51,15 @@ TensorEntry TensorQueue::Take(const std::string& name) {
   return entry;
 }
 
+bool TensorQueue::TryTake(const std::string& name, TensorEntry* entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = in_flight_.find(name);
+  if (it == in_flight_.end()) return false;
+  *entry = std::move(it->second);
+  in_flight_.erase(it);
+  return true;
+}
+
 std::vector<TensorEntry> TensorQueue::Close(const Status& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   closed_ = true;

@@ -26,6 +26,9 @@ struct TensorEntry {
   Request request;
   TensorBuffers buffers;
   DoneCallback done;
+  // Set by the executor from the response: how many ranks contributed
+  // (Average divides by it; fewer than the size while ranks have joined).
+  int32_t contributors = 0;
 };
 
 // Calls entry.done(result). An exception from the framework's callback is
@@ -40,6 +43,9 @@ class TensorQueue {
   std::vector<Request> TakeNewRequests();
   // Removes and returns the in-flight entry for `name` (must exist).
   TensorEntry Take(const std::string& name);
+  // Like Take; false (and no entry) when `name` is not in flight here, as
+  // for the tensors of other ranks that a joined rank takes part in.
+  bool TryTake(const std::string& name, TensorEntry* entry);
   // Closes the queue (later Adds fail with `reason`) and returns every entry
   // still in flight.
   std::vector<TensorEntry> Close(const Status& reason);

@@ -113,6 +113,7 @@ std::string EncodeResponses(const ResponseList& responses, const std::string& sh
   for (const Response& response : responses) {
     PutRequest(writer, response.request);
     writer.Put<int8_t>(response.is_error ? 1 : 0);
+    writer.Put<int32_t>(response.contributors);
     writer.PutString(response.error_message);
   }
   return writer.Take();
@@ -129,7 +130,7 @@ Status DecodeResponses(const std::string& bytes, ResponseList* responses,
   for (Response& response : *responses) {
     int8_t is_error = 0;
     if (!GetRequest(reader, &response.request) || !reader.Get(&is_error) ||
-        !reader.GetString(&response.error_message)) {
+        !reader.Get(&response.contributors) || !reader.GetString(&response.error_message)) {
       return Malformed("response");
     }
     response.is_error = is_error != 0;

@@ -953,6 +953,77 @@ void TestProcessSets(int size) {
   });
 }
 
+// Join: rank r has r + 1 batches. At step k the ranks that still have data
+// allreduce (Average) (r + 1) * (k + 1); ranks out of data have joined and
+// take part with zeros, and Average divides by the ranks that contributed.
+// While ranks have joined, a broadcast or an allgather fails on the ranks
+// that submitted it, naming the joined ranks; join() returns the last rank
+// to join (the one with the most batches) on every rank; afterwards the job
+// goes on normally.
+void TestJoin(int size) {
+  LoopbackCluster cluster(size, TestConfig());
+  OnEveryRank(size, [&](int rank) {
+    RankContext& context = cluster.rank(rank);
+    const int batches = rank + 1;
+    for (int k = 0; k < batches; ++k) {
+      Request request = MakeRequest("grad", CollectiveType::kAllreduce, DataType::kFloat32, {4});
+      request.reduce_op = ReduceOp::kAverage;
+      auto tensor =
+          Submit(context, request, Bytes(std::vector<float>(4, float((rank + 1) * (k + 1)))));
+      Status status = Await(*tensor);
+      EXPECT_TRUE(status.ok(), "step " << k << ": " << status.message());
+      // Ranks k..size-1 still have data at step k.
+      float sum = 0;
+      for (int r = k; r < size; ++r) sum += float((r + 1) * (k + 1));
+      const float expected = sum / float(size - k);
+      const float got = Values<float>(tensor->output, 4)[3];
+      EXPECT_TRUE(std::abs(got - expected) <= 1e-5f * expected,
+                  "step " << k << ": " << got << ", expected " << expected);
+      if (size >= 3 && k == size - 2 && rank == size - 1) {
+        // Only ranks size-2 and size-1 are left; the others have joined.
+        Request bcast = MakeRequest("late_bcast", CollectiveType::kBroadcast, DataType::kInt32,
+                                    {1});
+        bcast.root_rank = 0;
+        auto sent = Submit(context, bcast, Bytes(std::vector<int32_t>{1}));
+        status = Await(*sent);
+        EXPECT_TRUE(!status.ok() && status.message().find("joined") != std::string::npos &&
+                        status.message().find("rank 0") != std::string::npos,
+                    status.message());
+      }
+      if (size >= 3 && k == size - 2 && rank == size - 2) {
+        Request bcast = MakeRequest("late_bcast", CollectiveType::kBroadcast, DataType::kInt32,
+                                    {1});
+        bcast.root_rank = 0;
+        auto sent = Submit(context, bcast, Bytes(std::vector<int32_t>{1}));
+        status = Await(*sent);
+        EXPECT_TRUE(!status.ok() && status.message().find("has nothing to send") !=
+                                        std::string::npos,
+                    status.message());
+      }
+    }
+    Request join = MakeRequest(kJoinTensorName, CollectiveType::kJoin, DataType::kInt32, {});
+    auto joined = Submit(context, join, Bytes(std::vector<int32_t>{-7}));
+    Status status = Await(*joined);
+    EXPECT_TRUE(status.ok(), status.message());
+    EXPECT_TRUE(Values<int32_t>(joined->output, 1)[0] == size - 1,
+                "last joined " << Values<int32_t>(joined->output, 1)[0]);
+    // Back to normal: every rank contributes again, Average divides by size.
+    for (int step = 0; step < 2; ++step) {
+      Request request = MakeRequest("after_join", CollectiveType::kAllreduce, DataType::kFloat32,
+                                    {1});
+      request.reduce_op = ReduceOp::kAverage;
+      auto tensor = Submit(context, request, Bytes(std::vector<float>{float(rank)}));
+      status = Await(*tensor);
+      EXPECT_TRUE(status.ok(), status.message());
+      const float got = Values<float>(tensor->output, 1)[0];
+      EXPECT_TRUE(std::abs(got - (size - 1) / 2.0f) <= 1e-5f * size, "after join: " << got);
+    }
+    // A second join works the same way.
+    auto again = Submit(context, join, Bytes(std::vector<int32_t>{-7}));
+    EXPECT_TRUE(Await(*again).ok(), "second join");
+  });
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -974,6 +1045,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"reducescatter", TestReducescatter},
       {"fused_allgather", TestFusedAllgather},
       {"process_sets", TestProcessSets},
+      {"join", TestJoin},
   };
   return scenarios;
 }
