@@ -1,13 +1,19 @@
 // tfring._core: the Python binding of the core's control API (init,
-// shutdown, topology, configuration) and of the enums shared with C++.
+// shutdown, process sets, topology, configuration) and of the enums shared
+// with C++.
 //
 // No logic lives here and no tensor data passes through it: collectives go
-// through the TensorFlow op library. Core Status errors become RuntimeError
-// at this boundary, the only place exceptions are thrown.
+// through the TensorFlow op library. Core Status errors become exceptions at
+// this boundary, the only place they are thrown: InvalidArgument (a bad
+// argument, e.g. process sets that differ between ranks) as ValueError,
+// everything else as RuntimeError. Calls that wait for the other ranks
+// release the GIL, so the process's other Python threads keep running.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "cc/api.h"
 #include "cc/common.h"
@@ -18,7 +24,11 @@ namespace py = pybind11;
 namespace {
 
 void ThrowIfError(const tfring::Status& status) {
-  if (!status.ok()) throw std::runtime_error(status.message());
+  if (status.ok()) return;
+  if (status.code() == tfring::StatusCode::kInvalidArgument) {
+    throw py::value_error(status.message());
+  }
+  throw std::runtime_error(status.message());
 }
 
 tfring::Topology RequireTopology() {
@@ -60,16 +70,51 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "init",
-      [](int64_t comm_fortran_handle) {
+      [](int64_t comm_fortran_handle, const std::vector<std::vector<int>>& process_sets,
+         bool dynamic_process_sets) {
         tfring::Status status;
         {
           py::gil_scoped_release release;
-          status = tfring::InitializeMpi(comm_fortran_handle);
+          status = tfring::InitializeMpi(comm_fortran_handle, process_sets,
+                                         dynamic_process_sets);
         }
         ThrowIfError(status);
       },
-      py::arg("comm_fortran_handle"),
-      "Starts the core over a duplicate of the MPI communicator (mpi4py comm.py2f()).");
+      py::arg("comm_fortran_handle"), py::arg("process_sets") = std::vector<std::vector<int>>(),
+      py::arg("dynamic_process_sets") = false,
+      "Starts the core over a duplicate of the MPI communicator (mpi4py comm.py2f()), with "
+      "the given process sets (sorted job ranks; ids 1, 2, ... in order) besides the global "
+      "one, and whether sets may be added and removed later.");
+  m.def(
+      "add_process_set",
+      [](const std::vector<int>& ranks) {
+        tfring::Status status;
+        int32_t id = -1;
+        {
+          py::gil_scoped_release release;
+          status = tfring::AddProcessSet(ranks, &id);
+        }
+        ThrowIfError(status);
+        return id;
+      },
+      py::arg("ranks"),
+      "Adds a process set of these sorted job ranks; collective over every rank. Returns its "
+      "id.");
+  m.def(
+      "remove_process_set",
+      [](int32_t id) {
+        tfring::Status status;
+        {
+          py::gil_scoped_release release;
+          status = tfring::RemoveProcessSet(id);
+        }
+        ThrowIfError(status);
+      },
+      py::arg("process_set_id"), "Removes a process set; collective over every rank.");
+  m.def(
+      "process_sets", [] { return tfring::ProcessSets(); },
+      "The process sets that exist now: {id: sorted job ranks}, 0 the global set; empty "
+      "while not initialized.");
   m.def(
       "shutdown",
       [] {

@@ -11,6 +11,8 @@ from tfring.ops.collective_ops import alltoall_op
 from tfring.ops.collective_ops import broadcast_op
 from tfring.ops.collective_ops import local_rank_op
 from tfring.ops.collective_ops import local_size_op
+from tfring.ops.collective_ops import process_set_included_op
+from tfring.ops.collective_ops import process_set_rank_op
 from tfring.ops.collective_ops import rank_op
 from tfring.ops.collective_ops import reducescatter_op
 from tfring.ops.collective_ops import size_op

@@ -36,6 +36,15 @@ at the same time:
   `f/helper/allreduce.0` and `g/helper/allreduce.0`, so f and g may run
   concurrently with different values.
 
+Process sets. Every wrapper takes `process_set_id` (0, the default, is the
+whole job), which becomes the op's attribute of that name; only the set's
+ranks may run the op. In graphs, collectives are numbered per process set:
+`train_step/allreduce.3` counts the function's global-set collectives only,
+and a collective of set k is `train_step/allreduce.ps<k>.0`, counting that
+set's. Ranks of disjoint sets may therefore trace different collectives in
+the same function (`if ps.included(): ...`) and still agree on the names of
+the collectives they share.
+
 Limits of the rule (the core then fails the second tensor in flight with an
 error naming it, rather than pairing it): two `tf.function`s with the same
 Python name (or names differing only in a trailing `_<digits>`) running
@@ -75,6 +84,8 @@ __all__ = [
     "rank_op",
     "local_size_op",
     "local_rank_op",
+    "process_set_included_op",
+    "process_set_rank_op",
 ]
 
 # Characters TensorFlow accepts in a name scope; a scope must also start with
@@ -118,31 +129,42 @@ def _naming_graph(graph):
     return graph
 
 
-# Collectives built so far per naming graph: the position part of the names
-# above.
+# Collectives built so far per naming graph and process set id: the
+# position part of the names above.
 _collectives_built = weakref.WeakKeyDictionary()
 
 
-def _graph_tensor_name(graph, kind, name):
-    """The cross-rank name of the next collective built in `graph`."""
+def _graph_tensor_name(graph, kind, name, process_set_id=0):
+    """The cross-rank name of the next collective of set `process_set_id`
+    built in `graph`."""
     owner = _naming_graph(graph)
-    position = _collectives_built.get(owner, 0)
-    _collectives_built[owner] = position + 1
-    label = f"{name or kind}.{position}"
+    counts = _collectives_built.setdefault(owner, {})
+    position = counts.get(process_set_id, 0)
+    counts[process_set_id] = position + 1
+    if process_set_id:
+        label = f"{name or kind}.ps{process_set_id}.{position}"
+    else:
+        label = f"{name or kind}.{position}"
     if not isinstance(owner, func_graph.FuncGraph):
         return label  # a tf.compat.v1.Graph: no function to name
     return f"{_scope_for_graph_name(owner.name)}/{label}"
 
 
-def _create_collective(op_fn, kind, inputs, name, **attrs):
+def _create_collective(op_fn, kind, inputs, name, process_set_id=0,
+                       **attrs):
     """Creates the op `op_fn` on `inputs` (a tensor, or a tuple of the op's
-    inputs) under the naming rule of this module."""
+    inputs) in process set `process_set_id`, under the naming rule of this
+    module."""
     if not isinstance(inputs, tuple):
         inputs = (inputs,)
+    process_set_id = int(process_set_id)
     if tf.executing_eagerly():
-        return op_fn(*inputs, tensor_name=name or "", **attrs)
-    tensor_name = _graph_tensor_name(ops.get_default_graph(), kind, name)
-    return op_fn(*inputs, tensor_name=tensor_name, name=name, **attrs)
+        return op_fn(*inputs, tensor_name=name or "",
+                     process_set_id=process_set_id, **attrs)
+    tensor_name = _graph_tensor_name(ops.get_default_graph(), kind, name,
+                                     process_set_id)
+    return op_fn(*inputs, tensor_name=tensor_name, name=name,
+                 process_set_id=process_set_id, **attrs)
 
 
 def in_xla_compilation():
@@ -173,7 +195,7 @@ def _reject_under_xla(what, why):
 
 
 def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
-                 postscale_factor=1.0, name=None):
+                 postscale_factor=1.0, name=None, process_set_id=0):
     """Reduces `tensor` element-wise over all ranks; all get the result.
 
     Args:
@@ -185,18 +207,19 @@ def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
       prescale_factor: multiplies each rank's input before the reduction.
       postscale_factor: multiplies the result after the reduction.
       name: the cross-rank name (see the module docstring).
+      process_set_id: the process set to reduce over (0: every rank).
 
     Returns:
       A tensor of the same shape and dtype as `tensor`.
     """
     return _create_collective(_ops_library.tfring_allreduce, "allreduce",
-                              tensor, name,
+                              tensor, name, process_set_id,
                               reduce_op=int(reduce_op),
                               prescale_factor=float(prescale_factor),
                               postscale_factor=float(postscale_factor))
 
 
-def allgather_op(tensor, name=None):
+def allgather_op(tensor, name=None, process_set_id=0):
     """Concatenates every rank's `tensor` along dimension 0, in rank order.
 
     Args:
@@ -204,6 +227,8 @@ def allgather_op(tensor, name=None):
         the others and the dtype must not. A scalar counts as one row, so
         scalars gather to a vector with one element per rank.
       name: the cross-rank name (see the module docstring).
+      process_set_id: the process set to gather over (0: every rank); the
+        result is in the order of its ranks.
 
     Returns:
       A tensor whose first dimension is the sum over ranks.
@@ -221,27 +246,29 @@ def allgather_op(tensor, name=None):
         "DistributedOptimizer to allreduce them densely instead) and uses "
         "allgather in the gradient of a Product allreduce.")
     return _create_collective(_ops_library.tfring_allgather, "allgather",
-                              tensor, name)
+                              tensor, name, process_set_id)
 
 
-def broadcast_op(tensor, root_rank, name=None):
+def broadcast_op(tensor, root_rank, name=None, process_set_id=0):
     """Returns the value of `tensor` on rank `root_rank`, on every rank.
 
     Args:
       tensor: the local tensor; same shape and dtype on every rank (only the
         root's values are used).
-      root_rank: the rank whose values are sent, in [0, size).
+      root_rank: the job rank whose values are sent, in [0, size); in a
+        process set, one of the set's (job) ranks.
       name: the cross-rank name (see the module docstring).
+      process_set_id: the process set to broadcast in (0: every rank).
 
     Returns:
       A tensor of the same shape and dtype as `tensor`.
     """
     return _create_collective(_ops_library.tfring_broadcast, "broadcast",
-                              tensor, name,
+                              tensor, name, process_set_id,
                               root_rank=int(root_rank))
 
 
-def alltoall_op(tensor, splits, name=None):
+def alltoall_op(tensor, splits, name=None, process_set_id=0):
     """Sends splits[j] rows of dimension 0 to rank j; receives from all.
 
     Args:
@@ -249,8 +276,10 @@ def alltoall_op(tensor, splits, name=None):
         differ between ranks, the others and the dtype must not.
       splits: an int32 vector with one entry per rank (rows sent to each
         rank, in rank order, summing to dimension 0), or an empty one to
-        split dimension 0 evenly. The core checks it on every rank.
+        split dimension 0 evenly. The core checks it on every rank. In a
+        process set: one entry per rank of the set, in the set's order.
       name: the cross-rank name (see the module docstring).
+      process_set_id: the process set to exchange in (0: every rank).
 
     Returns:
       (output, received_splits): the rows received from every rank,
@@ -265,11 +294,11 @@ def alltoall_op(tensor, splits, name=None):
         "only when the program runs, and XLA needs all shapes when it "
         "compiles.")
     return _create_collective(_ops_library.tfring_alltoall, "alltoall",
-                              (tensor, splits), name)
+                              (tensor, splits), name, process_set_id)
 
 
 def reducescatter_op(tensor, reduce_op, prescale_factor=1.0,
-                     postscale_factor=1.0, name=None):
+                     postscale_factor=1.0, name=None, process_set_id=0):
     """Reduces `tensor` over all ranks; rank i keeps block i of dimension 0.
 
     Args:
@@ -278,21 +307,41 @@ def reducescatter_op(tensor, reduce_op, prescale_factor=1.0,
       reduce_op: Average (0) or Sum (1).
       prescale_factor, postscale_factor: as for allreduce_op.
       name: the cross-rank name (see the module docstring).
+      process_set_id: the process set to reduce over (0: every rank); its
+        i-th rank keeps block i.
 
     Returns:
       This rank's rows of the result: dimension 0 divided evenly, the first
       `dim0 % size` ranks one row more.
     """
     return _create_collective(_ops_library.tfring_reducescatter,
-                              "reducescatter", tensor, name,
+                              "reducescatter", tensor, name, process_set_id,
                               reduce_op=int(reduce_op),
                               prescale_factor=float(prescale_factor),
                               postscale_factor=float(postscale_factor))
 
 
-def size_op(name=None):
-    """The number of ranks, as an int32 scalar tensor evaluated when run."""
-    return _ops_library.tfring_size(name=name)
+def size_op(process_set_id=0, name=None):
+    """The number of ranks (of process set `process_set_id`; 0: the job), as
+    an int32 scalar tensor evaluated when run."""
+    return _ops_library.tfring_size(process_set_id=int(process_set_id),
+                                    name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 if this rank is in process set `process_set_id`, else 0, as an
+    int32 scalar tensor evaluated when run (an error if the set does not
+    exist then)."""
+    return _ops_library.tfring_process_set_included(
+        process_set_id=int(process_set_id), name=name)
+
+
+def process_set_rank_op(process_set_id=0, name=None):
+    """This rank's position in process set `process_set_id` (the index of
+    tfring.rank() among the set's sorted ranks), as an int32 scalar tensor
+    evaluated when run; an error on a rank outside the set."""
+    return _ops_library.tfring_process_set_rank(
+        process_set_id=int(process_set_id), name=name)
 
 
 def rank_op(name=None):

@@ -42,8 +42,8 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
-// What the three collectives share: the cross-rank tensor name, the request
-// fields that describe the input, and the hand-off to the core.
+// What the collectives share: the cross-rank tensor name, the process set,
+// the request fields that describe the input, and the hand-off to the core.
 class CollectiveKernel : public AsyncOpKernel {
  public:
   CollectiveKernel(OpKernelConstruction* context, CollectiveType type,
@@ -54,6 +54,10 @@ class CollectiveKernel : public AsyncOpKernel {
     // Empty in graphs (and unnamed eager calls): the node name is unique in
     // the graph and identical on every rank running the same program.
     tensor_name_ = tensor_name.empty() ? name() : tensor_name;
+    // The core checks that the set exists and holds this rank (the Python
+    // wrappers already did, when the op was built).
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("process_set_id", &process_set_id_));
   }
 
  protected:
@@ -86,6 +90,7 @@ class CollectiveKernel : public AsyncOpKernel {
   absl::Status DescribeInput(const Tensor& input, Request* request) const {
     request->name = tensor_name_;
     request->type = type_;
+    request->process_set_id = process_set_id_;
     TF_RETURN_IF_ERROR(ToCoreDataType(input.dtype(), &request->dtype));
     request->shape.clear();
     for (int i = 0; i < input.dims(); ++i) {
@@ -152,6 +157,7 @@ class CollectiveKernel : public AsyncOpKernel {
   const CollectiveType type_;
   const char* const type_name_;
   std::string tensor_name_;
+  int32_t process_set_id_ = 0;
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -295,6 +301,8 @@ class BroadcastKernel : public CollectiveKernel {
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
     const int32_t size = GetTopology().size;
+    // A rank of the job; whether it is in the process set is the core's
+    // check (it knows the set's ranks and names them).
     OP_REQUIRES_ASYNC(
         context, root_rank_ >= 0 && root_rank_ < size,
         absl::InvalidArgumentError(

@@ -74,6 +74,9 @@ REGISTER_OP("Tfring>Allreduce")
     .Attr("postscale_factor: float = 1.0")
     // Cross-rank identity of the tensor; empty means the node name.
     .Attr("tensor_name: string = ''")
+    // The process set the collective runs in (0: every rank of the job);
+    // only its ranks run it. root_rank stays a rank of the job.
+    .Attr("process_set_id: int = 0")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 
 REGISTER_OP("Tfring>Allgather")
@@ -83,6 +86,7 @@ REGISTER_OP("Tfring>Allgather")
         "T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, "
         "double, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .SetShapeFn(AllgatherShape);
 
 REGISTER_OP("Tfring>Broadcast")
@@ -93,6 +97,7 @@ REGISTER_OP("Tfring>Broadcast")
         "double, bool}")
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 
 REGISTER_OP("Tfring>Alltoall")
@@ -107,6 +112,7 @@ REGISTER_OP("Tfring>Alltoall")
         "T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, "
         "double, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .SetShapeFn(FirstDimensionUnknown);
 
 REGISTER_OP("Tfring>Reducescatter")
@@ -118,6 +124,7 @@ REGISTER_OP("Tfring>Reducescatter")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .SetShapeFn(FirstDimensionUnknown);
 
 #define TFRING_REGISTER_TOPOLOGY_OP(op_name, output_name) \
@@ -126,10 +133,18 @@ REGISTER_OP("Tfring>Reducescatter")
       .SetIsStateful()                                    \
       .SetShapeFn(tensorflow::shape_inference::ScalarShape)
 
-TFRING_REGISTER_TOPOLOGY_OP("Tfring>Size", "size");
+// Size counts the ranks of a process set (0: the job, as Horovod's size_op).
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>Size", "size").Attr("process_set_id: int = 0");
 TFRING_REGISTER_TOPOLOGY_OP("Tfring>Rank", "rank");
 TFRING_REGISTER_TOPOLOGY_OP("Tfring>LocalSize", "local_size");
 TFRING_REGISTER_TOPOLOGY_OP("Tfring>LocalRank", "local_rank");
+// 1 if this rank is in the process set, else 0.
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>ProcessSetIncluded", "included")
+    .Attr("process_set_id: int = 0");
+// This rank's position in the process set (its index among the set's
+// sorted job ranks); fails on a rank outside the set.
+TFRING_REGISTER_TOPOLOGY_OP("Tfring>ProcessSetRank", "rank")
+    .Attr("process_set_id: int = 0");
 
 #undef TFRING_REGISTER_TOPOLOGY_OP
 

@@ -179,10 +179,12 @@ ffi::Future Submit(Request request, const char* type_name,
 
 ffi::Future AllreduceImpl(ffi::AnyBuffer input,
                           ffi::Result<ffi::AnyBuffer> output,
-                          std::string_view name, int32_t reduce_op,
-                          float prescale_factor, float postscale_factor) {
+                          std::string_view name, int32_t process_set_id,
+                          int32_t reduce_op, float prescale_factor,
+                          float postscale_factor) {
   Request request;
   request.name = std::string(name);
+  request.process_set_id = process_set_id;
   request.type = CollectiveType::kAllreduce;
   request.reduce_op = static_cast<ReduceOp>(reduce_op);
   // As in the TensorFlow kernel: float attributes widened to double, so a
@@ -194,10 +196,12 @@ ffi::Future AllreduceImpl(ffi::AnyBuffer input,
 
 ffi::Future ReducescatterImpl(ffi::AnyBuffer input,
                               ffi::Result<ffi::AnyBuffer> output,
-                              std::string_view name, int32_t reduce_op,
+                              std::string_view name,
+                              int32_t process_set_id, int32_t reduce_op,
                               float prescale_factor, float postscale_factor) {
   Request request;
   request.name = std::string(name);
+  request.process_set_id = process_set_id;
   request.type = CollectiveType::kReducescatter;
   request.reduce_op = static_cast<ReduceOp>(reduce_op);
   request.prescale_factor = prescale_factor;
@@ -207,9 +211,11 @@ ffi::Future ReducescatterImpl(ffi::AnyBuffer input,
 
 ffi::Future BroadcastImpl(ffi::AnyBuffer input,
                           ffi::Result<ffi::AnyBuffer> output,
-                          std::string_view name, int32_t root_rank) {
+                          std::string_view name, int32_t process_set_id,
+                          int32_t root_rank) {
   Request request;
   request.name = std::string(name);
+  request.process_set_id = process_set_id;
   request.type = CollectiveType::kBroadcast;
   request.root_rank = root_rank;
   if (IsInitialized()) {
@@ -230,6 +236,7 @@ XLA_FFI_DEFINE_HANDLER(kAllreduceHandler, AllreduceImpl,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<std::string_view>(xla_abi::kNameAttr)
+                           .Attr<int32_t>(xla_abi::kProcessSetIdAttr)
                            .Attr<int32_t>(xla_abi::kReduceOpAttr)
                            .Attr<float>(xla_abi::kPrescaleAttr)
                            .Attr<float>(xla_abi::kPostscaleAttr));
@@ -239,6 +246,7 @@ XLA_FFI_DEFINE_HANDLER(kReducescatterHandler, ReducescatterImpl,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<std::string_view>(xla_abi::kNameAttr)
+                           .Attr<int32_t>(xla_abi::kProcessSetIdAttr)
                            .Attr<int32_t>(xla_abi::kReduceOpAttr)
                            .Attr<float>(xla_abi::kPrescaleAttr)
                            .Attr<float>(xla_abi::kPostscaleAttr));
@@ -248,6 +256,7 @@ XLA_FFI_DEFINE_HANDLER(kBroadcastHandler, BroadcastImpl,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<std::string_view>(xla_abi::kNameAttr)
+                           .Attr<int32_t>(xla_abi::kProcessSetIdAttr)
                            .Attr<int32_t>(xla_abi::kRootRankAttr));
 
 XLA_FFI_REGISTER_HANDLER(::xla::ffi::GetXlaFfiApi(), xla_abi::kAllreduceTarget,

@@ -36,6 +36,7 @@ inline constexpr char kReduceOpAttr[] = "reduce_op";        // i32
 inline constexpr char kPrescaleAttr[] = "prescale_factor";  // f32
 inline constexpr char kPostscaleAttr[] = "postscale_factor";  // f32
 inline constexpr char kRootRankAttr[] = "root_rank";        // i32
+inline constexpr char kProcessSetIdAttr[] = "process_set_id";  // i32, every target
 
 }  // namespace xla_abi
 }  // namespace tf_ops

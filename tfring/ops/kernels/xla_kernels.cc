@@ -27,9 +27,11 @@
 // `import tfring`), the registrations below would never become kernels, so
 // the library registers the missing kernels itself when it is loaded
 // (EnsureJitKernels).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,11 +96,16 @@ class CollectiveXlaKernel : public XlaOpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name));
     // Same rule as the TensorFlow kernels: the node name unless set.
     tensor_name_ = tensor_name.empty() ? name() : tensor_name;
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("process_set_id", &process_set_id_));
   }
+
+  int32_t process_set_id() const { return process_set_id_; }
 
  protected:
   // Emits the custom call to `target` with `attributes` (MLIR dictionary
-  // entries "key = value") plus the tensor name. The result has the input's
+  // entries "key = value") plus the tensor name and the process set id. The
+  // result has the input's
   // shape, with dimension 0 replaced by `output_rows` when that is >= 0.
   void EmitCustomCall(XlaOpKernelContext* context, const char* target,
                       const std::vector<std::string>& attributes,
@@ -114,7 +121,9 @@ class CollectiveXlaKernel : public XlaOpKernel {
             "shape, or compile without XLA (tf.function(jit_compile=False) "
             "or model.compile(..., jit_compile=False))."));
     std::string config = "{" + std::string(xla_abi::kNameAttr) + " = " +
-                         MlirString(tensor_name_);
+                         MlirString(tensor_name_) + ", " +
+                         xla_abi::kProcessSetIdAttr + " = " +
+                         MlirI32(process_set_id_);
     for (const std::string& attribute : attributes) config += ", " + attribute;
     config += "}";
     xla::Shape output_shape = *shape;
@@ -130,6 +139,7 @@ class CollectiveXlaKernel : public XlaOpKernel {
 
  private:
   std::string tensor_name_;
+  int32_t process_set_id_ = 0;
 };
 
 class AllreduceXlaKernel : public CollectiveXlaKernel {
@@ -163,8 +173,9 @@ class AllreduceXlaKernel : public CollectiveXlaKernel {
 };
 
 // Reducescatter's output keeps this rank's block of dimension 0, whose size
-// depends only on the input's shape, the rank and the size: known when the
-// function is compiled (after tfring.init()), so it lowers like allreduce.
+// depends only on the input's shape and this rank's position in the process
+// set and the set's size: known when the function is compiled (after
+// tfring.init() registered the set), so it lowers like allreduce.
 class ReducescatterXlaKernel : public CollectiveXlaKernel {
  public:
   explicit ReducescatterXlaKernel(OpKernelConstruction* context)
@@ -187,10 +198,29 @@ class ReducescatterXlaKernel : public CollectiveXlaKernel {
                     "tfring reducescatter needs a tensor with at least one "
                     "dimension (it divides dimension 0 between the ranks), "
                     "but got a scalar. Reshape it, e.g. tf.reshape(x, [1])."));
-    const Topology topology = GetTopology();
+    // Position and size in the process set (the job for set 0).
+    const int rank = GetTopology().rank;
+    const std::map<int32_t, std::vector<int>> sets = ProcessSets();
+    const auto found = sets.find(process_set_id());
+    OP_REQUIRES(context, found != sets.end(),
+                absl::InvalidArgumentError(
+                    "tfring cannot compile reducescatter with XLA: process "
+                    "set " + std::to_string(process_set_id()) +
+                    " does not exist (never added, or removed). Pass a "
+                    "registered tfring.ProcessSet."));
+    const std::vector<int>& ranks = found->second;
+    const auto me = std::find(ranks.begin(), ranks.end(), rank);
+    OP_REQUIRES(context, me != ranks.end(),
+                absl::InvalidArgumentError(
+                    "tfring cannot compile reducescatter with XLA on rank " +
+                    std::to_string(rank) + ": it is not in process set " +
+                    std::to_string(process_set_id()) +
+                    ". Run the set's collectives only on its ranks."));
+    const int64_t set_size = static_cast<int64_t>(ranks.size());
+    const int64_t position = me - ranks.begin();
     const int64_t rows = shape->dimensions(0);
-    const int64_t output_rows = rows / topology.size +
-                                (topology.rank < rows % topology.size ? 1 : 0);
+    const int64_t output_rows =
+        rows / set_size + (position < rows % set_size ? 1 : 0);
     EmitCustomCall(
         context, xla_abi::kReducescatterTarget,
         {std::string(xla_abi::kReduceOpAttr) + " = " + MlirI32(reduce_op_),
