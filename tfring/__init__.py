@@ -1,7 +1,8 @@
 # tfring: Horovod-style distributed training for TensorFlow 2 / Keras 3.
 # A script written for horovod.tensorflow runs after changing its import to
 # `import tfring as hvd`. This file only re-exports; each concern lives in its
-# own module (basics, collectives, compression, functions, tape, ops).
+# own module (basics, process_sets, collectives, compression, functions,
+# tape, ops).
 
 from tfring.basics import (
     ccl_built,
@@ -49,6 +50,18 @@ from tfring.functions import (
     broadcast_object,
     broadcast_variables,
 )
-from tfring.ops import local_rank_op, local_size_op, rank_op, size_op
+from tfring.ops import (
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
+from tfring.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from tfring.tape import DistributedGradientTape
 from tfring.keras.optimizer import DistributedOptimizer

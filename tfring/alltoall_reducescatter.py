@@ -17,6 +17,7 @@ from tfring import collectives
 from tfring import errors
 from tfring import ops as _ops
 from tfring.compression import Compression
+from tfring.process_sets import global_process_set
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -59,15 +60,19 @@ def _splits_tensor(splits, api_name):
 
 
 @_do_not_convert
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
     """Sends rows of dimension 0 to every rank and receives theirs.
 
     Rank i sends `splits[j]` consecutive rows to rank j, in rank order; each
     rank returns the rows it received, concatenated in rank order. With
     `splits=None` dimension 0 is split evenly (it must divide by size()).
     Dimension 0 may differ between ranks; the other dimensions and the
-    dtype must match. `ignore_name_scope` is accepted for Horovod
-    compatibility; tfring's names do not depend on name scopes.
+    dtype must match. With `process_set`, only its ranks take part (and may
+    call this): `splits` has one entry per rank of the set, in the order of
+    their job ranks, and dimension 0 is split by the set's size.
+    `ignore_name_scope` is accepted for Horovod compatibility; tfring's
+    names do not depend on name scopes.
 
     Returns:
       The received tensor; with `splits` given, `(tensor, received_splits)`,
@@ -76,12 +81,14 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
     del ignore_name_scope  # names never include the name scope
     api_name = "tfring.alltoall()"
     basics._check_initialized(api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
     _check_not_slices(tensor, api_name)
     tensor = tf.convert_to_tensor(tensor)
     collectives.check_dtype(tensor, collectives.GATHER_BROADCAST_DTYPES,
                             api_name, name)
     output, received_splits = _ops.alltoall_op(
-        tensor, _splits_tensor(splits, api_name), name=name)
+        tensor, _splits_tensor(splits, api_name), name=name,
+        process_set_id=membership.id)
     return output if splits is None else (output, received_splits)
 
 
@@ -106,18 +113,19 @@ def _prepare_reducescatter_input(tensor, api_name, name=None):
 
 
 def _reducescatter_one(tensor, op, prescale_factor, postscale_factor,
-                       compression, name):
+                       compression, name, membership):
     compressed, ctx = compression.compress(tensor)
     reduced = _ops.reducescatter_op(compressed, op,
                                     prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor,
-                                    name=name)
+                                    name=name, process_set_id=membership.id)
     return compression.decompress(reduced, ctx)
 
 
 @_do_not_convert
 def reducescatter(tensor, device_dense='', compression=Compression.none,
-                  op=collectives.Average, name=None, *,
+                  op=collectives.Average, name=None,
+                  process_set=global_process_set, *,
                   ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
     """Reduces `tensor` over all ranks; rank i keeps block i of dimension 0.
@@ -127,7 +135,9 @@ def reducescatter(tensor, device_dense='', compression=Compression.none,
     `dim0 % size()` ranks get one extra row (Horovod's rule). `op` is
     Average (default) or Sum; integer Average truncates toward zero.
     `prescale_factor` and `postscale_factor` multiply the input before and
-    the result after the reduction.
+    the result after the reduction. With `process_set`, only its ranks take
+    part (and may call this), Average divides by the set's size, and the
+    i-th rank of the set (process_set.rank() == i) keeps block i.
     """
     del ignore_name_scope  # names never include the name scope
     api_name = "tfring.reducescatter()"
@@ -137,17 +147,20 @@ def reducescatter(tensor, device_dense='', compression=Compression.none,
         prescale_factor, "prescale_factor", api_name)
     postscale_factor = collectives.check_scale_factor(
         postscale_factor, "postscale_factor", api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
     tensor = _prepare_reducescatter_input(tensor, api_name, name)
     with tf.device(device_dense):
         return _reducescatter_one(tensor, op, prescale_factor,
-                                  postscale_factor, compression, name)
+                                  postscale_factor, compression, name,
+                                  membership)
 
 
 @_do_not_convert
 def grouped_reducescatter(tensors, device_dense='',
                           compression=Compression.none,
-                          op=collectives.Average, *, prescale_factor=1.0,
-                          postscale_factor=1.0):
+                          op=collectives.Average,
+                          process_set=global_process_set, *,
+                          prescale_factor=1.0, postscale_factor=1.0):
     """reducescatter() of a list of tensors, submitted and fused together.
 
     Same arguments as reducescatter() (applied to every tensor); dtypes may
@@ -161,6 +174,7 @@ def grouped_reducescatter(tensors, device_dense='',
         prescale_factor, "prescale_factor", api_name)
     postscale_factor = collectives.check_scale_factor(
         postscale_factor, "postscale_factor", api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
     if not tensors:
         return []
     tensors = [_prepare_reducescatter_input(t, api_name) for t in tensors]
@@ -168,26 +182,29 @@ def grouped_reducescatter(tensors, device_dense='',
     def body(group):
         with tf.device(device_dense):
             return [_reducescatter_one(t, op, prescale_factor,
-                                       postscale_factor, compression, None)
+                                       postscale_factor, compression, None,
+                                       membership)
                     for t in group]
 
     key = ("reducescatter", op, prescale_factor, postscale_factor,
-           compression, device_dense)
+           compression, device_dense, membership.key)
     return collectives.run_grouped(key, body, tensors)
 
 
 @_do_not_convert
-def grouped_allgather(tensors, name=None, ignore_name_scope=False):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
     """allgather() of a list of tensors, submitted and fused together.
 
     Each tensor follows allgather()'s rules (dimension 0 may differ between
-    ranks); dtypes may differ between the tensors. Returns a list in the
-    order of `tensors`.
+    ranks; with `process_set`, only its ranks take part); dtypes may differ
+    between the tensors. Returns a list in the order of `tensors`.
     """
     del ignore_name_scope  # names never include the name scope
     api_name = "tfring.grouped_allgather()"
     _check_tensor_list(tensors, api_name, "tfring.allgather()")
     basics._check_initialized(api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
     if not tensors:
         return []
     prepared = []
@@ -203,8 +220,10 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False):
 
     def body(group):
         return [_ops.allgather_op(
-            t, name=None if name is None else f"{name}.{i}")
+            t, name=None if name is None else f"{name}.{i}",
+            process_set_id=membership.id)
             for i, t in enumerate(group)]
 
-    return collectives.run_grouped(("allgather", name), body, prepared)
+    return collectives.run_grouped(("allgather", name, membership.key), body,
+                                   prepared)
 

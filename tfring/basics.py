@@ -1,11 +1,13 @@
 # Process lifecycle and topology: init(), shutdown() and the rank/size queries.
 #
-# Why this file exists: it is the one place that talks to MPI from Python.
-# init() imports mpi4py (which initialises MPI), turns the caller's
-# communicator into a Fortran handle and starts the core's background thread
-# through tfring._core; an atexit hook stops that thread before mpi4py
-# finalises MPI, so a script that never calls shutdown() still exits cleanly.
-# Topology functions raise ValueError before init(), as Horovod's do.
+# Why this file exists: it is where the job starts and stops. init()
+# imports mpi4py (which initialises MPI), turns the caller's communicator
+# into a Fortran handle, has process_sets.py work out the process sets (the
+# only other Python code that talks to MPI, once, at init) and starts the
+# core's background thread through tfring._core; an atexit hook stops that
+# thread before mpi4py finalises MPI, so a script that never calls
+# shutdown() still exits cleanly. Topology functions raise ValueError before
+# init(), as Horovod's do.
 
 import atexit
 import numbers
@@ -80,7 +82,7 @@ def _communicator_from_ranks(MPI, ranks):
         world_group.Free()
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Initializes tfring and starts its background thread.
 
     Args:
@@ -88,10 +90,17 @@ def init(comm=None):
         duplicates it, so its traffic never matches yours); or a list of
         MPI_COMM_WORLD ranks to build a communicator from (every listed rank
         must call init() with the same list).
+      process_sets: None (only tfring.global_process_set); a list of
+        tfring.ProcessSet, registered with ids 1, 2, ... in order (the
+        objects get their process_set_id and ranks; the same list on every
+        rank); or "dynamic" to add and remove sets later with
+        tfring.add_process_set() / tfring.remove_process_set().
 
     Calling init() again while initialized does nothing.
     """
     from mpi4py import MPI  # Importing mpi4py.MPI initialises MPI.
+    # Imported here: process_sets imports this module.
+    from tfring import process_sets as _process_sets
 
     owned = None
     if comm is None:
@@ -114,10 +123,17 @@ def init(comm=None):
             "tfring.init(comm=...) received an intercommunicator. Expected an "
             "intracommunicator. Merge it first (comm.Merge()).")
     try:
-        _core.init(comm.py2f())
+        if _core.is_initialized():
+            # A no-op, also for process_sets: their exchange between the
+            # ranks must not run when only some ranks call init() again.
+            return
+        ranks_lists, dynamic, finish = _process_sets.prepare_init(
+            process_sets, comm)
+        _core.init(comm.py2f(), ranks_lists, dynamic)
     finally:
         if owned is not None:
             owned.Free()  # The core holds its own duplicate.
+    finish()
     _state["shut_down"] = False
     if not _state["atexit_registered"]:
         # Registered after mpi4py's own exit hook (imported above), so it runs
@@ -133,7 +149,11 @@ def shutdown():
     """
     if not _core.is_initialized():
         return
-    _core.shutdown()
+    from tfring import process_sets as _process_sets
+    try:
+        _core.shutdown()
+    finally:
+        _process_sets.on_shutdown()
     _state["shut_down"] = True
 
 

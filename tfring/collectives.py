@@ -3,9 +3,10 @@
 #
 # Why this layer exists: it is thin but strict. Everything a user can get
 # wrong on one rank alone (not initialized, an unknown or unsupported op, a
-# dtype the core cannot reduce, a root_rank outside [0, size), a bad scale
-# factor) is caught here, before any C++ runs, with a message that says how
-# to fix it. What needs every rank's view (shapes, dtypes, ops differing
+# dtype the core cannot reduce, a root_rank outside [0, size) or outside the
+# process set, a bad scale factor, a process set that is not registered or
+# does not contain this rank) is caught here, before any C++ runs, with a
+# message that says how to fix it. What needs every rank's view (shapes, dtypes, ops differing
 # across ranks) is the core's job and surfaces as
 # tf.errors.FailedPreconditionError. The data itself never passes through
 # Python: each function only builds TensorFlow ops from tfring.ops.
@@ -19,7 +20,9 @@ from tfring import _core
 from tfring import basics
 from tfring import errors
 from tfring import ops as _ops
+from tfring import process_sets as _process_sets
 from tfring.compression import Compression
+from tfring.process_sets import global_process_set
 
 # Reduction ops. The values come from the core's enum (one source for C++ and
 # Python) and equal horovod.tensorflow's; like Horovod's they are plain ints,
@@ -121,7 +124,9 @@ def check_scale_factor(value, arg, api_name):
     return float(value)
 
 
-def check_root_rank(root_rank, api_name):
+def check_root_rank(root_rank, api_name, membership=None):
+    """The validated root_rank: a job rank in [0, size()) and, given the
+    Membership of a process set, one of that set's ranks."""
     if isinstance(root_rank, bool) or not isinstance(root_rank,
                                                      numbers.Integral):
         raise TypeError(
@@ -135,7 +140,20 @@ def check_root_rank(root_rank, api_name):
             f"only {n} ranks (tfring.size() == {n}). Expected a rank in "
             f"[0, {n}). Pass a root_rank between 0 and {n - 1}, e.g. "
             "root_rank=0.")
+    if membership is not None and int(root_rank) not in membership.ranks:
+        raise ValueError(
+            f"{api_name} received root_rank={int(root_rank)}, which is not "
+            f"in {membership.process_set}. Expected one of its ranks "
+            f"{list(membership.ranks)} (root_rank is a job rank, as "
+            "tfring.rank() returns, not a position within the set). Pass "
+            "one of those.")
     return int(root_rank)
+
+
+def resolve_process_set(process_set, api_name):
+    """The Membership of a collective's `process_set` argument (see
+    tfring.process_sets.resolve)."""
+    return _process_sets.resolve(process_set, api_name)
 
 
 def _describe(tensor, name):
@@ -185,29 +203,32 @@ def _suffixed(name, suffix):
     return None if name is None else f"{name}_{suffix}"
 
 
-def _allreduce_slices(slices, op, name, device_sparse):
+def _allreduce_slices(slices, op, name, device_sparse, membership):
     # A sum of IndexedSlices is the concatenation of every rank's slices
     # (repeated indices add up when the slices are applied or densified).
-    # Average divides the gathered values with TensorFlow's `/`, as Horovod
-    # does: integer values come back as floating point.
+    # Average divides the gathered values by the set's size with
+    # TensorFlow's `/`, as Horovod does: integer values come back as
+    # floating point.
     with tf.device(device_sparse):
         values = _ops.allgather_op(slices.values,
-                                   name=_suffixed(name, "values"))
+                                   name=_suffixed(name, "values"),
+                                   process_set_id=membership.id)
         indices = _ops.allgather_op(slices.indices,
-                                    name=_suffixed(name, "indices"))
+                                    name=_suffixed(name, "indices"),
+                                    process_set_id=membership.id)
         if op == int(Average):
-            values = values / tf.cast(basics.size(), values.dtype)
+            values = values / tf.cast(membership.size, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
-                     compression, device_dense):
+                     compression, device_dense, membership):
     with tf.device(device_dense):
         compressed, ctx = compression.compress(tensor)
         reduced = _ops.allreduce_op(compressed, op,
                                     prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor,
-                                    name=name)
+                                    name=name, process_set_id=membership.id)
         return compression.decompress(reduced, ctx)
 
 
@@ -227,8 +248,10 @@ def _prepare_reduce_input(tensor, op, prescale_factor, postscale_factor,
 @_do_not_convert
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
               compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, name=None, ignore_name_scope=False):
-    """Reduces `tensor` over all ranks; every rank gets the result.
+              postscale_factor=1.0, name=None,
+              process_set=global_process_set, ignore_name_scope=False):
+    """Reduces `tensor` over all ranks (of `process_set`); every rank gets
+    the result.
 
     Args:
       tensor: a tf.Tensor, tf.Variable, array-like, or tf.IndexedSlices. Its
@@ -238,46 +261,52 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
         IndexedSlices paths ('' leaves placement to TensorFlow).
       compression: Compression.none or Compression.fp16 (dense tensors only).
       op: Average (default), Sum, Min, Max or Product. Average is a sum
-        scaled by 1/size(); for integer dtypes the core rounds the scaled
-        result toward zero.
+        scaled by 1/size() (1/process_set.size() in a set); for integer
+        dtypes the core rounds the scaled result toward zero.
       prescale_factor, postscale_factor: multiply the input before and the
         result after the reduction (in the core, in the tensor's dtype).
       name: the key that matches this tensor across ranks (optional; see the
         README on names).
+      process_set: the tfring.ProcessSet to reduce over (default: every
+        rank). Only its ranks may call this; it raises
+        tf.errors.InvalidArgumentError on the others.
       ignore_name_scope: accepted for Horovod compatibility; tfring's names
         never include the name scope.
 
     Returns:
       A tensor like `tensor` (or a tf.IndexedSlices for IndexedSlices input:
       the values and indices of every rank concatenated, values divided by
-      size() with TensorFlow's `/` for Average, so integer values become
-      floating point, as in Horovod; other ops or scale factors raise
-      NotImplementedError there).
+      the number of ranks with TensorFlow's `/` for Average, so integer
+      values become floating point, as in Horovod; other ops or scale
+      factors raise NotImplementedError there).
     """
     del ignore_name_scope  # names never include the name scope
     api_name = "tfring.allreduce()"
     op, prescale_factor, postscale_factor = _check_reduce_args(
         op, average, prescale_factor, postscale_factor, api_name)
+    membership = resolve_process_set(process_set, api_name)
     tensor = _prepare_reduce_input(tensor, op, prescale_factor,
                                    postscale_factor, api_name, name)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_slices(tensor, op, name, device_sparse)
+        return _allreduce_slices(tensor, op, name, device_sparse, membership)
     return _allreduce_dense(tensor, op, prescale_factor, postscale_factor,
-                            name, compression, device_dense)
+                            name, compression, device_dense, membership)
 
 
 def _grouped_body(tensors, op, prescale_factor, postscale_factor,
-                  compression, device_dense, device_sparse, name):
+                  compression, device_dense, device_sparse, name,
+                  membership):
     results = []
     for i, t in enumerate(tensors):
         member_name = None if name is None else f"{name}.{i}"
         if isinstance(t, tf.IndexedSlices):
             results.append(_allreduce_slices(t, op, member_name,
-                                             device_sparse))
+                                             device_sparse, membership))
         else:
             results.append(_allreduce_dense(t, op, prescale_factor,
                                             postscale_factor, member_name,
-                                            compression, device_dense))
+                                            compression, device_dense,
+                                            membership))
     return results
 
 
@@ -292,6 +321,8 @@ def run_grouped(key, body, tensors):
     """body(tensors), as one tf.function (cached under `key`) when eager.
 
     `body` builds one collective per tensor and returns the list of results.
+    `key` must tell apart everything the body depends on besides the
+    tensors, including the process set (Membership.key).
     """
     if not tf.executing_eagerly():
         return body(tensors)
@@ -310,6 +341,7 @@ def run_grouped(key, body, tensors):
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set,
                       ignore_name_scope=False, name=None):
     """allreduce() of a list of tensors, submitted together.
 
@@ -327,6 +359,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
             "one tensor.")
     op, prescale_factor, postscale_factor = _check_reduce_args(
         op, average, prescale_factor, postscale_factor, api_name)
+    membership = resolve_process_set(process_set, api_name)
     if not tensors:
         return []
     tensors = [_prepare_reduce_input(t, op, prescale_factor, postscale_factor,
@@ -334,26 +367,32 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
 
     def body(group):
         return _grouped_body(group, op, prescale_factor, postscale_factor,
-                             compression, device_dense, device_sparse, name)
+                             compression, device_dense, device_sparse, name,
+                             membership)
 
     key = ("allreduce", op, prescale_factor, postscale_factor, compression,
-           device_dense, device_sparse, name)
+           device_dense, device_sparse, name, membership.key)
     return run_grouped(key, body, tensors)
 
 
 @_do_not_convert
-def allgather(tensor, name=None, ignore_name_scope=False, device_dense='',
+def allgather(tensor, name=None, ignore_name_scope=False,
+              process_set=global_process_set, device_dense='',
               device_sparse=''):
     """Concatenates every rank's `tensor` along the first dimension.
 
     The first dimension may differ across ranks; the others, the rank and the
     dtype must match. A scalar counts as one row. Returns the concatenation
-    in rank order. `ignore_name_scope` is accepted for Horovod
-    compatibility (names never include the name scope).
+    in rank order. With `process_set`, only that set's ranks take part (and
+    may call this), in the order of their job ranks
+    (process_set.rank() indexes this rank's rows). `ignore_name_scope` is
+    accepted for Horovod compatibility (names never include the name
+    scope).
     """
     del ignore_name_scope
     api_name = "tfring.allgather()"
     basics._check_initialized(api_name)
+    membership = resolve_process_set(process_set, api_name)
     if isinstance(tensor, tf.IndexedSlices):
         raise TypeError(
             f"{api_name} received a tf.IndexedSlices. Expected a dense "
@@ -362,22 +401,28 @@ def allgather(tensor, name=None, ignore_name_scope=False, device_dense='',
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, GATHER_BROADCAST_DTYPES, api_name, name)
     with tf.device(device_dense):
-        return _ops.allgather_op(tensor, name=name)
+        return _ops.allgather_op(tensor, name=name,
+                                 process_set_id=membership.id)
 
 
 @_do_not_convert
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
-              device_dense='', device_sparse=''):
+              process_set=global_process_set, device_dense='',
+              device_sparse=''):
     """Every rank gets root_rank's `tensor` (same shape and dtype on all).
 
-    `ignore_name_scope` is accepted for Horovod compatibility (names never
-    include the name scope).
+    With `process_set`, only that set's ranks take part (and may call
+    this), and root_rank must be one of them: a job rank, as tfring.rank()
+    returns, not a position within the set. `ignore_name_scope` is accepted
+    for Horovod compatibility (names never include the name scope).
     """
     del ignore_name_scope
     api_name = "tfring.broadcast()"
     basics._check_initialized(api_name)
-    root_rank = check_root_rank(root_rank, api_name)
+    membership = resolve_process_set(process_set, api_name)
+    root_rank = check_root_rank(root_rank, api_name, membership)
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, GATHER_BROADCAST_DTYPES, api_name, name)
     with tf.device(device_dense):
-        return _ops.broadcast_op(tensor, root_rank, name=name)
+        return _ops.broadcast_op(tensor, root_rank, name=name,
+                                 process_set_id=membership.id)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tfring import basics
 from tfring import collectives
+from tfring.process_sets import global_process_set
 
 try:  # cloudpickle also handles lambdas and local classes, like Horovod.
     import cloudpickle as _pickle
@@ -20,47 +21,55 @@ except ImportError:
     import pickle as _pickle
 
 
-def _assign_broadcast(variables, root_rank):
+def _assign_broadcast(variables, root_rank, process_set):
     return tf.group(*[
-        v.assign(collectives.broadcast(v, root_rank)) for v in variables])
+        v.assign(collectives.broadcast(v, root_rank,
+                                       process_set=process_set))
+        for v in variables])
 
 
 @tf.autograph.experimental.do_not_convert
-def broadcast_variables(variables, root_rank, inplace=False):
+def broadcast_variables(variables, root_rank, process_set=global_process_set,
+                        inplace=False):
     """Assigns root_rank's values to `variables` on every rank.
 
     Works eagerly (the broadcasts run together inside one tf.function), inside
     tf.function, and in tf.compat.v1 graphs (returns the op to run). Every
-    rank must pass the same variables in the same order. `inplace` is
-    accepted for Horovod compatibility: tfring always assigns the received
-    values to the variables themselves.
+    rank must pass the same variables in the same order. With
+    `process_set`, only its ranks take part (and may call this) and
+    root_rank is one of its job ranks. `inplace` is accepted for Horovod
+    compatibility: tfring always assigns the received values to the
+    variables themselves.
     """
     del inplace
     api_name = "tfring.broadcast_variables()"
     basics._check_initialized(api_name)
-    collectives.check_root_rank(root_rank, api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
+    collectives.check_root_rank(root_rank, api_name, membership)
     variables = list(variables)
     if tf.executing_eagerly():
         if variables:
-            _assign_broadcast_in_function(variables, root_rank)
+            _assign_broadcast_in_function(variables, root_rank, membership)
         return None
-    return _assign_broadcast(variables, root_rank)
+    return _assign_broadcast(variables, root_rank, process_set)
 
 
 # Eager calls run the broadcasts together in one tf.function, kept per list
-# of variables and root rank so repeated calls do not trace again. (The
-# variables are closed over, not passed: Keras 3 variables are not
-# tf.Variables and would arrive in the function as plain tensors.)
+# of variables, root rank and process set so repeated calls do not trace
+# again. (The variables are closed over, not passed: Keras 3 variables are
+# not tf.Variables and would arrive in the function as plain tensors.)
 _BROADCAST_FUNCTIONS_KEPT = 16
 _broadcast_functions = collections.OrderedDict()
 
 
-def _assign_broadcast_in_function(variables, root_rank):
-    key = (tuple(id(v) for v in variables), root_rank)
+def _assign_broadcast_in_function(variables, root_rank, membership):
+    key = (tuple(id(v) for v in variables), root_rank, membership.key)
     entry = _broadcast_functions.pop(key, None)
     if entry is None:
+        process_set = membership.process_set
+
         def assign_all():
-            _assign_broadcast(variables, root_rank)
+            _assign_broadcast(variables, root_rank, process_set)
 
         # The entry holds `variables`, so the ids in `key` stay theirs.
         entry = (tf.function(assign_all, autograph=False), variables)
@@ -101,45 +110,55 @@ def _names(name, *suffixes):
     return [None if name is None else f"{name}_{s}" for s in suffixes]
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None):
+def broadcast_object(obj, root_rank=0, session=None, name=None,
+                     process_set=global_process_set):
     """Returns root_rank's `obj` on every rank (pickled, then broadcast).
 
     `obj` is ignored on the other ranks. `name`, if given, must be the same
-    on every rank. `session` is only for tf.compat.v1 graph mode.
+    on every rank. `session` is only for tf.compat.v1 graph mode. With
+    `process_set`, only its ranks take part (and may call this) and
+    root_rank is one of its job ranks.
     """
     api_name = "tfring.broadcast_object()"
     basics._check_initialized(api_name)
-    root_rank = collectives.check_root_rank(root_rank, api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
+    root_rank = collectives.check_root_rank(root_rank, api_name, membership)
     size_name, bytes_name = _names(name, "size", "bytes")
     is_root = basics.rank() == root_rank
     payload = _dumps(obj) if is_root else None
     # First the length, so the other ranks can allocate the receive buffer.
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
     length = _to_numpy(
-        collectives.broadcast(length, root_rank, name=size_name), session,
-        api_name)
+        collectives.broadcast(length, root_rank, name=size_name,
+                              process_set=process_set), session, api_name)
     buffer = payload if is_root else np.zeros(int(length[0]), dtype=np.uint8)
     received = _to_numpy(
-        collectives.broadcast(buffer, root_rank, name=bytes_name), session,
-        api_name)
+        collectives.broadcast(buffer, root_rank, name=bytes_name,
+                              process_set=process_set), session, api_name)
     return obj if is_root else _loads(received)
 
 
-def allgather_object(obj, session=None, name=None):
+def allgather_object(obj, session=None, name=None,
+                     process_set=global_process_set):
     """Returns the list of every rank's `obj`, in rank order.
 
     `name`, if given, must be the same on every rank. `session` is only for
-    tf.compat.v1 graph mode.
+    tf.compat.v1 graph mode. With `process_set`, only its ranks take part
+    (and may call this) and the list has one object per rank of the set,
+    in the order of their job ranks.
     """
     api_name = "tfring.allgather_object()"
     basics._check_initialized(api_name)
+    collectives.resolve_process_set(process_set, api_name)
     size_name, bytes_name = _names(name, "sizes", "bytes")
     payload = _dumps(obj)
     lengths = _to_numpy(
         collectives.allgather(np.array([payload.size], dtype=np.int64),
-                              name=size_name), session, api_name)
+                              name=size_name, process_set=process_set),
+        session, api_name)
     gathered = _to_numpy(
-        collectives.allgather(payload, name=bytes_name), session, api_name)
+        collectives.allgather(payload, name=bytes_name,
+                              process_set=process_set), session, api_name)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     return [_loads(gathered[offsets[i]:offsets[i + 1]])
             for i in range(len(lengths))]

@@ -1,5 +1,6 @@
 # DistributedGradientTape: a tf.GradientTape whose gradient() returns the
-# gradients averaged (or otherwise reduced) over all ranks.
+# gradients averaged (or otherwise reduced) over all ranks, or over the
+# ranks of a process set.
 #
 # Why composition: the wrapper holds the user's tape and forwards to it,
 # instead of building a subclass of the tape's class at run time. The user's
@@ -14,7 +15,9 @@ import warnings
 import tensorflow as tf
 
 from tfring import collectives
+from tfring import process_sets as _process_sets
 from tfring.compression import Compression
+from tfring.process_sets import global_process_set
 
 
 def _split_evenly(items, num_groups):
@@ -63,16 +66,17 @@ def _reduce_parts(grads, parts, reduce_args):
 # Eagerly, all reductions of one gradient() call run inside one tf.function,
 # so they reach the core together. Scripts usually wrap a new tape every
 # step, so the functions are shared by all tapes with the same arguments
-# (a new function per tape would be traced again on every step).
+# (a new function per tape would be traced again on every step), and the
+# same process set (`membership_key`: what the traced body depends on).
 _eager_reduce_functions = {}
 
 
-def _eager_reduce_function(reduce_args):
+def _eager_reduce_function(reduce_args, membership_key):
     def reduce(grads, parts):
         return _reduce_parts(grads, parts, reduce_args)
 
     try:
-        key = tuple(sorted(reduce_args.items()))
+        key = (tuple(sorted(reduce_args.items())), membership_key)
         fn = _eager_reduce_functions.get(key)
     except TypeError:  # An unhashable custom compressor: no sharing.
         return tf.function(reduce, reduce_retracing=True, autograph=False)
@@ -108,6 +112,9 @@ class DistributedGradientTape:
       groups: None (all gradients in one call), an int (split them into that
         many calls) or a list of lists of variables (one call per list;
         variables in no list are reduced alone).
+      process_set: the tfring.ProcessSet whose ranks reduce the gradients
+        together (default: every rank); Average then divides by its size.
+        Only its ranks may call gradient().
 
     Any attribute other than gradient() and `with` is the wrapped tape's.
     """
@@ -115,7 +122,7 @@ class DistributedGradientTape:
     def __init__(self, gradtape, device_dense='', device_sparse='',
                  compression=Compression.none, sparse_as_dense=False,
                  op=collectives.Average, gradient_predivide_factor=1.0,
-                 num_groups=0, groups=None):
+                 num_groups=0, groups=None, process_set=global_process_set):
         api_name = "tfring.DistributedGradientTape()"
         if isinstance(gradtape, DistributedGradientTape):
             raise TypeError(
@@ -124,18 +131,30 @@ class DistributedGradientTape:
                 "the original tape once.")
         op, factor = check_op_and_predivide_factor(
             op, gradient_predivide_factor, api_name)
+        check_process_set_type(process_set, api_name)
         self._tape = gradtape
         self._groups = _check_groups(groups, num_groups, api_name)
         self._sparse_as_dense = sparse_as_dense
         self._reduce_args = dict(
             device_dense=device_dense, device_sparse=device_sparse,
-            compression=compression, op=op)
+            compression=compression, op=op, process_set=process_set)
         if op == int(collectives.Average):
             # Horovod's split of the average: divide by f before the sum and
             # multiply by f after it; the core's Average adds the 1/size.
             self._reduce_args.update(prescale_factor=1.0 / factor,
                                      postscale_factor=factor)
-        self._eager_reduce = _eager_reduce_function(self._reduce_args)
+
+    @property
+    def process_set(self):
+        return self._reduce_args["process_set"]
+
+    @property
+    def _eager_reduce(self):
+        """The tf.function that reduces eagerly for this tape's settings and
+        process set (shared with every tape that has the same)."""
+        membership = _process_sets.resolve(
+            self.process_set, "tfring.DistributedGradientTape.gradient()")
+        return _eager_reduce_function(self._reduce_args, membership.key)
 
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
@@ -145,6 +164,10 @@ class DistributedGradientTape:
         A gradient that is None (source not connected to target) stays None;
         every rank must then have None for that source too.
         """
+        # Checked on every call (the set may have been removed meanwhile),
+        # before the local gradients are computed.
+        membership = _process_sets.resolve(
+            self.process_set, "tfring.DistributedGradientTape.gradient()")
         grads = self._tape.gradient(
             target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients)
@@ -157,7 +180,8 @@ class DistributedGradientTape:
         parts = self._partition(present, tf.nest.flatten(sources))
         present_grads = [flat_grads[i] for i in present]
         if tf.executing_eagerly():
-            reduced = self._eager_reduce(present_grads, parts)
+            reduced = _eager_reduce_function(
+                self._reduce_args, membership.key)(present_grads, parts)
         else:
             reduced = _reduce_parts(present_grads, parts, self._reduce_args)
         out = list(flat_grads)
@@ -213,6 +237,18 @@ def partition_positions(groups, present, variables):
                 parts[g].append(p)
         parts = [p for p in parts if p] + alone
     return tuple(tuple(p) for p in parts if p)
+
+
+def check_process_set_type(process_set, api_name):
+    """A gradient reducer's process_set must be a tfring.ProcessSet; whether
+    it is registered and holds this rank is checked when gradients are
+    reduced (the set may be added or removed in between)."""
+    if not isinstance(process_set, _process_sets.ProcessSet):
+        raise TypeError(
+            f"{api_name} received process_set={process_set!r} of type "
+            f"{type(process_set).__name__}. Expected a tfring.ProcessSet "
+            "(default: tfring.global_process_set). Pass one registered with "
+            "tfring.init(process_sets=[...]) or tfring.add_process_set().")
 
 
 def check_op_and_predivide_factor(op, gradient_predivide_factor, api_name):

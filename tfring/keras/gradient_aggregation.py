@@ -13,20 +13,25 @@
 import tensorflow as tf
 
 from tfring import collectives
+from tfring import process_sets as _process_sets
 from tfring import tape as _tape
+from tfring.process_sets import global_process_set
 
 
 class GradientReducer:
-    """Reduces a list of gradients (None entries stay None) over all ranks.
+    """Reduces a list of gradients (None entries stay None) over all ranks
+    of a process set (by default the job).
 
     Holds the validated reduction settings of one DistributedOptimizer.
     """
 
     def __init__(self, api_name, compression, sparse_as_dense, op,
                  gradient_predivide_factor, groups, num_groups=0,
-                 device_dense='', device_sparse=''):
+                 device_dense='', device_sparse='',
+                 process_set=global_process_set):
         op, factor = _tape.check_op_and_predivide_factor(
             op, gradient_predivide_factor, api_name)
+        _tape.check_process_set_type(process_set, api_name)
         if not (hasattr(compression, "compress") and
                 hasattr(compression, "decompress")):
             raise TypeError(
@@ -39,15 +44,16 @@ class GradientReducer:
         self.sparse_as_dense = bool(sparse_as_dense)
         self.compression = compression
         self.groups = _tape._check_groups(groups, num_groups, api_name)
+        self.process_set = process_set
         self.reduce_args = dict(device_dense=device_dense,
                                 device_sparse=device_sparse,
-                                compression=compression, op=op)
+                                compression=compression, op=op,
+                                process_set=process_set)
         if op == int(collectives.Average):
             # Divide by f before the sum and multiply by f after it; the
-            # core's Average adds the 1/size (Horovod's split).
+            # core's Average adds the 1/size of the set (Horovod's split).
             self.reduce_args.update(prescale_factor=1.0 / factor,
                                     postscale_factor=factor)
-        self._eager_reduce = _tape._eager_reduce_function(self.reduce_args)
 
     def reduce(self, grads, variables):
         """The reduced `grads`, in order; None where a gradient is None.
@@ -55,6 +61,9 @@ class GradientReducer:
         Every rank must pass None at the same positions.
         """
         grads = list(grads)
+        # Checked on every step: the set may have been removed meanwhile.
+        membership = _process_sets.resolve(
+            self.process_set, "tfring.keras.DistributedOptimizer.apply()")
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g)
                      if isinstance(g, tf.IndexedSlices) else g
@@ -65,7 +74,8 @@ class GradientReducer:
         parts = self._partition(present, variables)
         present_grads = [grads[i] for i in present]
         if tf.executing_eagerly():
-            reduced = self._eager_reduce(present_grads, parts)
+            reduced = _tape._eager_reduce_function(
+                self.reduce_args, membership.key)(present_grads, parts)
         else:
             reduced = _tape._reduce_parts(present_grads, parts,
                                           self.reduce_args)

@@ -26,6 +26,7 @@ import keras
 
 from tfring import collectives
 from tfring.compression import Compression
+from tfring.process_sets import global_process_set
 from tfring.keras.gradient_aggregation import (GradientReducer,
                                                LocalGradientAggregator)
 
@@ -152,6 +153,11 @@ class DistributedOptimizer(_Optimizer):
         list; variables in no list are reduced alone).
       device_dense, device_sparse: devices for the reductions.
       num_groups: deprecated; use groups.
+      process_set: the tfring.ProcessSet whose ranks average their gradients
+        together (default: every rank); Average divides by its size. Only
+        its ranks may train with this optimizer. Not saved with the model
+        (process sets exist only while a job runs): a loaded optimizer
+        reduces over every rank.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
@@ -166,14 +172,14 @@ class DistributedOptimizer(_Optimizer):
                  gradient_predivide_factor=1.0, op=collectives.Average,
                  backward_passes_per_step=1,
                  average_aggregated_gradients=False, num_groups=0,
-                 groups=None):
+                 groups=None, process_set=global_process_set):
         api_name = f"tfring.keras.{type(self).__name__}()"
         _check_optimizer(optimizer, api_name)
         passes = _check_passes(backward_passes_per_step, api_name)
         reducer = GradientReducer(
             api_name, compression, sparse_as_dense, op,
             gradient_predivide_factor, groups, num_groups, device_dense,
-            device_sparse)
+            device_sparse, process_set)
         # Not super().__init__(): in DistributedLossScaleOptimizer the next
         # class in line is LossScaleOptimizer, whose state this wrapper keeps
         # in the wrapped LossScaleOptimizer instead.
@@ -220,6 +226,10 @@ class DistributedOptimizer(_Optimizer):
     def groups(self):
         return self._reducer.groups
 
+    @property
+    def process_set(self):
+        return self._reducer.process_set
+
     def _set_compression(self, compression):
         """For load_model(): a new compressor before the first step."""
         r = self._reducer
@@ -227,7 +237,8 @@ class DistributedOptimizer(_Optimizer):
             "tfring.keras.load_model()", compression, r.sparse_as_dense,
             r.op, r.gradient_predivide_factor, r.groups,
             device_dense=r.reduce_args["device_dense"],
-            device_sparse=r.reduce_args["device_sparse"])
+            device_sparse=r.reduce_args["device_sparse"],
+            process_set=r.process_set)
 
     # --- state delegated to the inner optimizer ---------------------------
 

@@ -19,6 +19,7 @@ import keras
 from tfring import basics
 from tfring import collectives
 from tfring import functions
+from tfring.process_sets import global_process_set
 
 
 def _as_list(variables):
@@ -68,6 +69,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             collectives run on host memory).
         local_variables: a variable or collection of variables that stay
             per rank and are not broadcast.
+        process_set: broadcast only among the ranks of this
+            tfring.ProcessSet (default: every rank); `root_rank` is then one
+            of its job ranks, and only its ranks may use the callback.
 
     Example:
 
@@ -77,10 +81,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, root_rank, device="", local_variables=None):
+    def __init__(self, root_rank, device="", local_variables=None,
+                 process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
+        self.process_set = process_set
         self._local_ids = set()
         for variable in _as_list(local_variables):
             if not hasattr(variable, "assign"):
@@ -108,7 +114,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         return result
 
     def _broadcast(self, variables):
-        functions.broadcast_variables(variables, self.root_rank)
+        functions.broadcast_variables(variables, self.root_rank,
+                                      process_set=self.process_set)
         self._broadcast_ids.update(id(v) for v in variables)
 
     def on_train_begin(self, logs=None):
@@ -116,7 +123,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             return
         api_name = "BroadcastGlobalVariablesCallback"
         basics._check_initialized(api_name)
-        collectives.check_root_rank(self.root_rank, api_name)
+        membership = collectives.resolve_process_set(self.process_set,
+                                                     api_name)
+        collectives.check_root_rank(self.root_rank, api_name, membership)
         optimizer = self.model.optimizer
         trainable = self.model.trainable_variables
         if (optimizer is not None and not getattr(optimizer, "built", True)

@@ -8,8 +8,10 @@
 # LearningRateScheduleCallback with a per-batch multiplier.
 
 from tfring import basics
+from tfring import collectives
 from tfring.keras.callbacks.learning_rate_schedule import (
     LearningRateScheduleCallback)
+from tfring.process_sets import global_process_set
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -35,7 +37,11 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         momentum_correction: scale momentum buffers by lr'/lr when the
             rate changes (see LearningRateScheduleCallback).
         steps_per_epoch: batches per epoch; None: taken from `fit()`.
-        verbose: 1 prints a line on rank 0 when the warm-up ends.
+        verbose: 1 prints a line on rank 0 (the set's lowest rank) when the
+            warm-up ends.
+        process_set: the tfring.ProcessSet that trains together (the
+            DistributedOptimizer's); `size` above is its size (default:
+            every rank, size = tfring.size()).
 
     Example:
 
@@ -52,12 +58,14 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
-                 steps_per_epoch=None, verbose=0):
+                 steps_per_epoch=None, verbose=0,
+                 process_set=global_process_set):
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
+        self.process_set = process_set
 
         def multiplier(epoch):
-            size = basics.size()
+            size = _set_size(process_set)
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
         super().__init__(initial_lr, multiplier, start_epoch=0,
@@ -74,7 +82,19 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
         if (self.verbose and epoch == self.warmup_epochs - 1
-                and basics.rank() == 0):
+                and basics.rank() == _first_rank(self.process_set)):
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate "
                   f"warm-up; from the next batch on the learning rate is "
                   f"{self.initial_lr:g}.", flush=True)
+
+
+def _set_size(process_set):
+    return collectives.resolve_process_set(
+        process_set, "LearningRateWarmupCallback").size
+
+
+def _first_rank(process_set):
+    """The rank that prints: rank 0, or the set's lowest rank."""
+    if process_set.process_set_id == 0 or not process_set.ranks:
+        return 0
+    return process_set.ranks[0]

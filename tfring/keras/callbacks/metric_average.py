@@ -16,7 +16,9 @@ import keras
 import numpy as np
 
 from tfring import basics
+from tfring import collectives
 from tfring import functions
+from tfring.process_sets import global_process_set
 
 
 def _numeric_value(value):
@@ -46,10 +48,11 @@ def _like(original, mean):
     return mean
 
 
-def _describe_mismatch(gathered):
-    """Which ranks reported which metric names/shapes."""
+def _describe_mismatch(gathered, ranks):
+    """Which ranks reported which metric names/shapes (`ranks`: the job
+    rank of each entry of `gathered`)."""
     by_signature = {}
-    for rank, values in enumerate(gathered):
+    for rank, values in zip(ranks, gathered):
         signature = tuple((k, v.shape) for k, v in values)
         by_signature.setdefault(signature, []).append(rank)
     return "; ".join(
@@ -73,6 +76,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     Args:
         device: accepted for Horovod compatibility and ignored.
+        process_set: average over the ranks of this tfring.ProcessSet only
+            (default: every rank); only its ranks may use the callback.
 
     Example:
 
@@ -83,13 +88,16 @@ class MetricAverageCallback(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, device=""):
+    def __init__(self, device="", process_set=global_process_set):
         super().__init__()
         self.device = device
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch, logs=None):
         api_name = "MetricAverageCallback"
         basics._check_initialized(api_name)
+        membership = collectives.resolve_process_set(self.process_set,
+                                                     api_name)
         logs = {} if logs is None else logs
         local = []
         for key in sorted(logs):
@@ -97,14 +105,15 @@ class MetricAverageCallback(keras.callbacks.Callback):
             if value is not None:
                 local.append((key, value))
         gathered = functions.allgather_object(
-            local, name="tfring.keras.MetricAverageCallback")
+            local, name="tfring.keras.MetricAverageCallback",
+            process_set=self.process_set)
         signature = [(k, v.shape) for k, v in local]
         if any([(k, v.shape) for k, v in values] != signature
                for values in gathered):
             raise ValueError(
                 f"{api_name} at the end of epoch {epoch + 1}: the ranks "
                 "reported different metrics, so they cannot be averaged ("
-                f"{_describe_mismatch(gathered)}). Expected every rank to "
+                f"{_describe_mismatch(gathered, membership.ranks)}). Expected every rank to "
                 "report the same metric names and shapes. Give every rank "
                 "the same compile() metrics and validation data (each rank "
                 "its own shard of it), and make callbacks that add entries "
