@@ -52,6 +52,14 @@ def test_collectives_with_small_fusion_threshold():
     assert result.returncode == 0 and not result.timed_out, result.describe()
 
 
+def test_process_sets_at_four_ranks():
+    # Two disjoint sets of two ranks, {0, 1} and {2, 3}, running different
+    # collectives interleaved with global ones (the tests that need 4 ranks
+    # skip at 1, 2 and 3).
+    result = _run_pytest(DISTRIBUTED / "test_process_sets.py", 4, _env())
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+
+
 _NO_SHUTDOWN_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     import tfring
