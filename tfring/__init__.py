@@ -44,6 +44,7 @@ from tfring.collectives import (
     grouped_allreduce,
 )
 from tfring.compression import Compression
+from tfring.join import join
 from tfring.functions import (
     allgather_object,
     broadcast_global_variables,

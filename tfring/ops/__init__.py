@@ -9,6 +9,7 @@ from tfring.ops.collective_ops import allgather_op
 from tfring.ops.collective_ops import allreduce_op
 from tfring.ops.collective_ops import alltoall_op
 from tfring.ops.collective_ops import broadcast_op
+from tfring.ops.collective_ops import join_op
 from tfring.ops.collective_ops import local_rank_op
 from tfring.ops.collective_ops import local_size_op
 from tfring.ops.collective_ops import process_set_included_op

@@ -80,6 +80,7 @@ __all__ = [
     "broadcast_op",
     "alltoall_op",
     "reducescatter_op",
+    "join_op",
     "size_op",
     "rank_op",
     "local_size_op",
@@ -319,6 +320,15 @@ def reducescatter_op(tensor, reduce_op, prescale_factor=1.0,
                               reduce_op=int(reduce_op),
                               prescale_factor=float(prescale_factor),
                               postscale_factor=float(postscale_factor))
+
+
+def join_op(name=None):
+    """Declares this rank out of data; an int32 scalar: the last rank to join.
+
+    Until every rank has joined, this rank takes part in the other ranks'
+    allreduces with zeros (see tfring.join).
+    """
+    return _ops_library.tfring_join(name=name)
 
 
 def size_op(process_set_id=0, name=None):

@@ -43,7 +43,8 @@ using tensorflow::Node;
 bool IsCollective(const Node* node) {
   const std::string& type = node->type_string();
   return type == "Tfring>Allreduce" || type == "Tfring>Allgather" ||
-         type == "Tfring>Broadcast";
+         type == "Tfring>Broadcast" || type == "Tfring>Alltoall" ||
+         type == "Tfring>Reducescatter";
 }
 
 // "__inference_train_step_1234" -> "train_step",

@@ -127,6 +127,14 @@ REGISTER_OP("Tfring>Reducescatter")
     .Attr("process_set_id: int = 0")
     .SetShapeFn(FirstDimensionUnknown);
 
+// Called by a rank out of data; completes when every rank has called it,
+// with the rank that called it last. Stateful: it has no input and must run
+// exactly where the program calls it.
+REGISTER_OP("Tfring>Join")
+    .Output("last_joined_rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
 #define TFRING_REGISTER_TOPOLOGY_OP(op_name, output_name) \
   REGISTER_OP(op_name)                                    \
       .Output(output_name ": int32")                      \
