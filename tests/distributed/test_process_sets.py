@@ -688,6 +688,11 @@ def test_dynamic_sets_add_use_remove():
         with pytest.raises(NotImplementedError, match="list of job ranks"):
             tfring.add_process_set(tfring.ProcessSet(comm))
         comm.Free()
+        # Ranks that pass different sets: every rank fails, the job goes on.
+        with pytest.raises(ValueError) as info:
+            tfring.add_process_set([ME % 2])
+        assert "the ranks passed different process sets" in str(info.value)
+        assert set(tfring._core.process_sets()) == {0}
         first = tfring.add_process_set([0])             # a list of ranks
         second = tfring.add_process_set(tfring.ProcessSet([N - 1, 0])) \
             if N >= 3 else tfring.add_process_set(tfring.ProcessSet([1]))
