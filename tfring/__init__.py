@@ -13,6 +13,7 @@ from tfring.basics import (
     gloo_built,
     gloo_enabled,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,

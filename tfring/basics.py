@@ -31,16 +31,13 @@ _state = {
     # True after shutdown(), so later calls can say "shut down" rather
     # than "not initialized".
     "shut_down": False,
+    # Set by init(): every host runs the same number of ranks.
+    "homogeneous": True,
 }
 
 
 def _check_ranks(ranks, world_size):
     ranks = list(ranks)
-    if not ranks:
-        raise ValueError(
-            "tfring.init(comm=[]) received an empty list of ranks. Expected "
-            "a list of distinct MPI_COMM_WORLD ranks, e.g. comm=[0, 1]. Pass "
-            "the ranks that should take part, or comm=None for all of them.")
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, numbers.Integral):
             raise TypeError(
@@ -105,6 +102,8 @@ def init(comm=None, process_sets=None):
     owned = None
     if comm is None:
         comm = MPI.COMM_WORLD
+    elif isinstance(comm, (list, tuple, range)) and len(comm) == 0:
+        comm = MPI.COMM_WORLD  # Horovod's meaning of an empty list: every rank
     elif isinstance(comm, (list, tuple, range)):
         comm = owned = _communicator_from_ranks(MPI, comm)
     elif not isinstance(comm, MPI.Comm):
@@ -130,6 +129,9 @@ def init(comm=None, process_sets=None):
         ranks_lists, dynamic, finish = _process_sets.prepare_init(
             process_sets, comm)
         _core.init(comm.py2f(), ranks_lists, dynamic)
+        # Whether every host runs as many ranks (Horovod's is_homogeneous).
+        local_sizes = comm.allgather(_core.local_size())
+        _state["homogeneous"] = len(set(local_sizes)) == 1
     finally:
         if owned is not None:
             owned.Free()  # The core holds its own duplicate.
@@ -228,9 +230,16 @@ def mpi_enabled():
 
 
 def nccl_built():
-    """Whether tfring was built with NCCL (never, for now)."""
+    """The NCCL version tfring was built with, as an int; 0 without NCCL
+    (always, for now). An int, as in Horovod."""
     from tfring import _build_info
-    return getattr(_build_info, "NCCL_BUILT", False)
+    return int(getattr(_build_info, "NCCL_BUILT", 0))
+
+
+def is_homogeneous():
+    """Whether every host runs the same number of ranks (found at init)."""
+    _check_initialized("tfring.is_homogeneous()")
+    return _state["homogeneous"]
 
 
 def gloo_built():

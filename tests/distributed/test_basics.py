@@ -67,9 +67,20 @@ def test_init_accepts_a_list_of_ranks(size):
     assert tfring.size() == size
 
 
+def test_empty_rank_list_means_every_rank_as_in_horovod(size):
+    tfring.init([])  # Already initialized: a no-op, but accepted.
+    assert tfring.size() == size
+
+
+def test_horovod_build_and_topology_facts(size):
+    # Horovod returns NCCL's version code as an int, 0 without NCCL.
+    assert tfring.nccl_built() == 0 and type(tfring.nccl_built()) is int
+    # One host here: every host runs the same number of ranks.
+    assert tfring.is_homogeneous() is True
+
+
 @pytest.mark.parametrize("comm, error, text", [
     ("world", TypeError, "Expected None, an mpi4py communicator"),
-    ([], ValueError, "empty list of ranks"),
     ([0, 0], ValueError, "more than once"),
     ([0, 1000], ValueError, "outside MPI_COMM_WORLD"),
     ([0, "1"], TypeError, "received a rank of type str"),
