@@ -104,6 +104,20 @@ def _reducescatter_op(op, api_name):
     return op
 
 
+def _check_reducescatter_args(op, prescale_factor, postscale_factor,
+                              process_set, api_name):
+    """What every reducescatter entry point validates first: the op value,
+    the scale factors as floats, and the process set's membership."""
+    op = _reducescatter_op(op, api_name)
+    basics._check_initialized(api_name)
+    prescale_factor = collectives.check_scale_factor(
+        prescale_factor, "prescale_factor", api_name)
+    postscale_factor = collectives.check_scale_factor(
+        postscale_factor, "postscale_factor", api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
+    return op, prescale_factor, postscale_factor, membership
+
+
 def _prepare_reducescatter_input(tensor, api_name, name=None):
     _check_not_slices(tensor, api_name)
     tensor = tf.convert_to_tensor(tensor)
@@ -141,13 +155,9 @@ def reducescatter(tensor, device_dense='', compression=Compression.none,
     """
     del ignore_name_scope  # names never include the name scope
     api_name = "tfring.reducescatter()"
-    op = _reducescatter_op(op, api_name)
-    basics._check_initialized(api_name)
-    prescale_factor = collectives.check_scale_factor(
-        prescale_factor, "prescale_factor", api_name)
-    postscale_factor = collectives.check_scale_factor(
-        postscale_factor, "postscale_factor", api_name)
-    membership = collectives.resolve_process_set(process_set, api_name)
+    op, prescale_factor, postscale_factor, membership = (
+        _check_reducescatter_args(op, prescale_factor, postscale_factor,
+                                  process_set, api_name))
     tensor = _prepare_reducescatter_input(tensor, api_name, name)
     with tf.device(device_dense):
         return _reducescatter_one(tensor, op, prescale_factor,
@@ -168,13 +178,9 @@ def grouped_reducescatter(tensors, device_dense='',
     """
     api_name = "tfring.grouped_reducescatter()"
     _check_tensor_list(tensors, api_name, "tfring.reducescatter()")
-    op = _reducescatter_op(op, api_name)
-    basics._check_initialized(api_name)
-    prescale_factor = collectives.check_scale_factor(
-        prescale_factor, "prescale_factor", api_name)
-    postscale_factor = collectives.check_scale_factor(
-        postscale_factor, "postscale_factor", api_name)
-    membership = collectives.resolve_process_set(process_set, api_name)
+    op, prescale_factor, postscale_factor, membership = (
+        _check_reducescatter_args(op, prescale_factor, postscale_factor,
+                                  process_set, api_name))
     if not tensors:
         return []
     tensors = [_prepare_reducescatter_input(t, api_name) for t in tensors]

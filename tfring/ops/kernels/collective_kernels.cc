@@ -160,13 +160,17 @@ class CollectiveKernel : public AsyncOpKernel {
   int32_t process_set_id_ = 0;
 };
 
-class AllreduceKernel : public CollectiveKernel {
+// What allreduce and reducescatter share: the reduce op (checked by
+// `check_op` when the kernel is built) and the scale factors.
+class ReductionKernel : public CollectiveKernel {
  public:
-  explicit AllreduceKernel(OpKernelConstruction* context)
-      : CollectiveKernel(context, CollectiveType::kAllreduce, "allreduce") {
+  ReductionKernel(OpKernelConstruction* context, CollectiveType type,
+                  const char* type_name,
+                  absl::Status (*check_op)(int32_t reduce_op))
+      : CollectiveKernel(context, type, type_name) {
     int32_t reduce_op = 0;
     OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
-    OP_REQUIRES_OK(context, CheckReduceOp(reduce_op));
+    OP_REQUIRES_OK(context, check_op(reduce_op));
     reduce_op_ = static_cast<ReduceOp>(reduce_op);
     OP_REQUIRES_OK(context,
                    context->GetAttr("prescale_factor", &prescale_factor_));
@@ -174,22 +178,35 @@ class AllreduceKernel : public CollectiveKernel {
                    context->GetAttr("postscale_factor", &postscale_factor_));
   }
 
-  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
-    const Tensor& input = context->input(0);
-    Request request;
-    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
-    request.reduce_op = reduce_op_;
-    request.prescale_factor = prescale_factor_;
-    request.postscale_factor = postscale_factor_;
-
-    EnqueueWithOutputLikeInput(context, std::move(request), std::move(done));
+ protected:
+  // DescribeInput plus the op and the scale factors.
+  absl::Status DescribeReduction(const Tensor& input, Request* request) const {
+    TF_RETURN_IF_ERROR(DescribeInput(input, request));
+    request->reduce_op = reduce_op_;
+    request->prescale_factor = prescale_factor_;
+    request->postscale_factor = postscale_factor_;
+    return absl::OkStatus();
   }
 
  private:
   ReduceOp reduce_op_ = ReduceOp::kSum;
   float prescale_factor_ = 1.0f;
   float postscale_factor_ = 1.0f;
+};
+
+class AllreduceKernel : public ReductionKernel {
+ public:
+  explicit AllreduceKernel(OpKernelConstruction* context)
+      : ReductionKernel(context, CollectiveType::kAllreduce, "allreduce",
+                        CheckReduceOp) {}
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    Request request;
+    OP_REQUIRES_OK_ASYNC(context,
+                         DescribeReduction(context->input(0), &request), done);
+    EnqueueWithOutputLikeInput(context, std::move(request), std::move(done));
+  }
 };
 
 class AllgatherKernel : public CollectiveKernel {
@@ -253,30 +270,17 @@ class AlltoallKernel : public CollectiveKernel {
   }
 };
 
-class ReducescatterKernel : public CollectiveKernel {
+class ReducescatterKernel : public ReductionKernel {
  public:
   explicit ReducescatterKernel(OpKernelConstruction* context)
-      : CollectiveKernel(context, CollectiveType::kReducescatter,
-                         "reducescatter") {
-    int32_t reduce_op = 0;
-    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
-    OP_REQUIRES_OK(context, CheckReducescatterOp(reduce_op));
-    reduce_op_ = static_cast<ReduceOp>(reduce_op);
-    OP_REQUIRES_OK(context,
-                   context->GetAttr("prescale_factor", &prescale_factor_));
-    OP_REQUIRES_OK(context,
-                   context->GetAttr("postscale_factor", &postscale_factor_));
-  }
+      : ReductionKernel(context, CollectiveType::kReducescatter,
+                        "reducescatter", CheckReducescatterOp) {}
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
     const Tensor& input = context->input(0);
     Request request;
-    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
-    request.reduce_op = reduce_op_;
-    request.prescale_factor = prescale_factor_;
-    request.postscale_factor = postscale_factor_;
-
+    OP_REQUIRES_OK_ASYNC(context, DescribeReduction(input, &request), done);
     TensorBuffers buffers;
     buffers.input = input.data();
     // The core gives this rank its block of dimension 0.
@@ -284,11 +288,6 @@ class ReducescatterKernel : public CollectiveKernel {
     EnqueueOrFail(context, std::move(request), std::move(buffers),
                   std::move(done));
   }
-
- private:
-  ReduceOp reduce_op_ = ReduceOp::kSum;
-  float prescale_factor_ = 1.0f;
-  float postscale_factor_ = 1.0f;
 };
 
 class BroadcastKernel : public CollectiveKernel {
