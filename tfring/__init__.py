@@ -48,6 +48,7 @@ from tfring.compression import Compression
 from tfring.join import join
 from tfring.functions import (
     allgather_object,
+    broadcast_,
     broadcast_global_variables,
     broadcast_object,
     broadcast_variables,

@@ -1,5 +1,7 @@
 # Higher-level helpers built on the collectives: make every rank start from
-# root's variables, and exchange arbitrary picklable Python objects.
+# root's variables (broadcast_variables, and Horovod's in-place broadcast_,
+# which also returns the new values), and exchange arbitrary picklable
+# Python objects.
 #
 # Why: training starts from one rank's initial weights (or checkpoint), and
 # small pieces of Python state (epoch counters, configs, metrics) must be
@@ -8,6 +10,7 @@
 import collections
 import io
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -21,11 +24,13 @@ except ImportError:
     import pickle as _pickle
 
 
-def _assign_broadcast(variables, root_rank, process_set):
+def _assign_broadcast(variables, root_rank, process_set, name=None):
+    # Variable i is broadcast as `<name>.<i>` when a name is given.
     return tf.group(*[
-        v.assign(collectives.broadcast(v, root_rank,
-                                       process_set=process_set))
-        for v in variables])
+        v.assign(collectives.broadcast(
+            v, root_rank, name=None if name is None else f"{name}.{i}",
+            process_set=process_set))
+        for i, v in enumerate(variables)])
 
 
 @tf.autograph.experimental.do_not_convert
@@ -62,14 +67,15 @@ _BROADCAST_FUNCTIONS_KEPT = 16
 _broadcast_functions = collections.OrderedDict()
 
 
-def _assign_broadcast_in_function(variables, root_rank, membership):
-    key = (tuple(id(v) for v in variables), root_rank, membership.key)
+def _assign_broadcast_in_function(variables, root_rank, membership,
+                                  name=None):
+    key = (tuple(id(v) for v in variables), root_rank, membership.key, name)
     entry = _broadcast_functions.pop(key, None)
     if entry is None:
         process_set = membership.process_set
 
         def assign_all():
-            _assign_broadcast(variables, root_rank, process_set)
+            _assign_broadcast(variables, root_rank, process_set, name)
 
         # The entry holds `variables`, so the ids in `key` stay theirs.
         entry = (tf.function(assign_all, autograph=False), variables)
@@ -77,6 +83,76 @@ def _assign_broadcast_in_function(variables, root_rank, membership):
     while len(_broadcast_functions) > _BROADCAST_FUNCTIONS_KEPT:
         _broadcast_functions.popitem(last=False)
     entry[0]()
+
+
+def _check_variables(variables, api_name):
+    """`variables` as a list, after checking it holds only variables."""
+    not_a_list = TypeError(
+        f"{api_name} received `variables` of type "
+        f"{type(variables).__name__}. Expected a list or tuple of "
+        "variables (tf.Variable or keras.Variable). Pass a list, e.g. "
+        "[var].")
+    if isinstance(variables, (tf.Variable, keras.Variable, tf.Tensor,
+                              str, bytes)):
+        raise not_a_list
+    try:
+        variables = list(variables)
+    except TypeError:
+        raise not_a_list from None
+    for i, v in enumerate(variables):
+        if not isinstance(v, (tf.Variable, keras.Variable)):
+            raise TypeError(
+                f"{api_name} received an object of type "
+                f"{type(v).__name__} at position {i} of `variables`. "
+                "Expected variables (tf.Variable or keras.Variable): it "
+                "assigns root_rank's values to them in place. Use "
+                "tfring.broadcast() for tensors.")
+    return variables
+
+
+def _read(variable):
+    if isinstance(variable, tf.Variable):
+        return variable.read_value()
+    return tf.identity(tf.convert_to_tensor(variable))
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast_(variables, root_rank, name=None,
+               process_set=global_process_set):
+    """Horovod's in-place broadcast: assigns root_rank's values to
+    `variables` on every rank and returns their new values.
+
+    Args:
+      variables: a list or tuple of tf.Variable / keras.Variable, the same
+        variables (shapes and dtypes) in the same order on every rank.
+      root_rank: the rank whose values every rank gets (with
+        `process_set`, one of its job ranks).
+      name: optional; variable i is broadcast under the name `<name>.<i>`
+        (the same on every rank).
+      process_set: only its ranks take part (and may call this).
+
+    Returns:
+      A list with one tensor per variable: its value after the broadcast
+      (eagerly the new values; in tf.function and tf.compat.v1 graphs
+      tensors that read the variables after the assignments, so running
+      them runs the broadcast), as horovod.tensorflow.broadcast_ returns.
+      tfring assigns the broadcast values (the machinery of
+      broadcast_variables()) rather than receiving into the variables'
+      buffers, so there is no limit on devices or variable kinds.
+    """
+    api_name = "tfring.broadcast_()"
+    variables = _check_variables(variables, api_name)
+    basics._check_initialized(api_name)
+    membership = collectives.resolve_process_set(process_set, api_name)
+    collectives.check_root_rank(root_rank, api_name, membership)
+    if not variables:
+        return []
+    if tf.executing_eagerly():
+        _assign_broadcast_in_function(variables, root_rank, membership, name)
+        return [_read(v) for v in variables]
+    assigned = _assign_broadcast(variables, root_rank, process_set, name)
+    with tf.control_dependencies([assigned]):
+        return [_read(v) for v in variables]
 
 
 def _to_numpy(tensor, session, api_name):
