@@ -2,7 +2,7 @@
 # A script written for horovod.tensorflow runs after changing its import to
 # `import tfring as hvd`. This file only re-exports; each concern lives in its
 # own module (basics, process_sets, collectives, compression, functions,
-# tape, ops).
+# sync_batch_norm, tape, ops).
 
 from tfring.basics import (
     ccl_built,
@@ -46,6 +46,7 @@ from tfring.collectives import (
 )
 from tfring.compression import Compression
 from tfring.join import join
+from tfring.sync_batch_norm import SyncBatchNormalization
 from tfring.functions import (
     allgather_object,
     broadcast_,
