@@ -67,5 +67,5 @@ from tfring.process_sets import (
     global_process_set,
     remove_process_set,
 )
-from tfring.tape import DistributedGradientTape
+from tfring.tape import DistributedGradientTape, PartialDistributedGradientTape
 from tfring.keras.optimizer import DistributedOptimizer

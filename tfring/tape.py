@@ -8,6 +8,10 @@
 # gradients of one call together (grouped_allreduce) so the core can fuse
 # them. Everything else (watch, stop_recording, reset, jacobian, `with`) is
 # the wrapped tape's own behaviour.
+#
+# Sources registered with register_local_source() (or the local_layers of
+# PartialDistributedGradientTape) keep their gradients on their rank; see
+# tfring/local_gradients.py.
 
 import numbers
 import warnings
@@ -15,6 +19,7 @@ import warnings
 import tensorflow as tf
 
 from tfring import collectives
+from tfring import local_gradients as _local
 from tfring import process_sets as _process_sets
 from tfring.compression import Compression
 from tfring.process_sets import global_process_set
@@ -86,6 +91,44 @@ def _eager_reduce_function(reduce_args, membership_key):
     return fn
 
 
+def reduce_gradients(grads, sources, membership, reduce_args, groups,
+                     sparse_as_dense, local_sources=None, scale_local=True):
+    """Reduces the flat list `grads` (one per flat source) over the ranks of
+    `membership`; returns the new list.
+
+    None stays None (every rank must then have None there too). Gradients
+    of `local_sources` are not reduced: they stay this rank's own, divided
+    by the set's size when `scale_local` (Horovod's rule), and are not made
+    dense by `sparse_as_dense` (Horovod only densifies what it reduces).
+    Shared by DistributedGradientTape and the Keras DistributedOptimizer, so
+    both submit gradients to the core the same way.
+    """
+    local = (local_sources.positions(sources) if local_sources
+             else frozenset())
+    out = list(grads)
+    present = [i for i, g in enumerate(out)
+               if g is not None and i not in local]
+    if sparse_as_dense:
+        for i in present:
+            if isinstance(out[i], tf.IndexedSlices):
+                out[i] = tf.convert_to_tensor(out[i])
+    if present:
+        parts = partition_positions(groups, present, sources)
+        present_grads = [out[i] for i in present]
+        if tf.executing_eagerly():
+            reduced = _eager_reduce_function(
+                reduce_args, membership.key)(present_grads, parts)
+        else:
+            reduced = _reduce_parts(present_grads, parts, reduce_args)
+        for i, g in zip(present, reduced):
+            out[i] = g
+    if scale_local:
+        for i in sorted(local):
+            if out[i] is not None:
+                out[i] = _local.scale(out[i], membership.size)
+    return out
+
+
 class DistributedGradientTape:
     """Wraps a tf.GradientTape so that gradient() reduces over all ranks.
 
@@ -115,14 +158,19 @@ class DistributedGradientTape:
       process_set: the tfring.ProcessSet whose ranks reduce the gradients
         together (default: every rank); Average then divides by its size.
         Only its ranks may call gradient().
+      scale_local_gradients: divide the gradients of sources registered
+        with register_local_source() by the process set's size (Horovod's
+        default, True), whatever `op` is; False leaves them as computed.
 
-    Any attribute other than gradient() and `with` is the wrapped tape's.
+    Any attribute other than gradient(), register_local_source(),
+    get_local_and_global_gradients() and `with` is the wrapped tape's.
     """
 
     def __init__(self, gradtape, device_dense='', device_sparse='',
                  compression=Compression.none, sparse_as_dense=False,
                  op=collectives.Average, gradient_predivide_factor=1.0,
-                 num_groups=0, groups=None, process_set=global_process_set):
+                 num_groups=0, groups=None, process_set=global_process_set,
+                 scale_local_gradients=True):
         api_name = "tfring.DistributedGradientTape()"
         if isinstance(gradtape, DistributedGradientTape):
             raise TypeError(
@@ -132,6 +180,9 @@ class DistributedGradientTape:
         op, factor = check_op_and_predivide_factor(
             op, gradient_predivide_factor, api_name)
         check_process_set_type(process_set, api_name)
+        self._scale_local = _local.check_scale_flag(scale_local_gradients,
+                                                    api_name)
+        self._local_sources = _local.LocalSources()
         self._tape = gradtape
         self._groups = _check_groups(groups, num_groups, api_name)
         self._sparse_as_dense = sparse_as_dense
@@ -149,6 +200,22 @@ class DistributedGradientTape:
         return self._reduce_args["process_set"]
 
     @property
+    def scale_local_gradients(self):
+        return self._scale_local
+
+    def register_local_source(self, source):
+        """Keeps the gradient of `source` (a variable or a watched tensor)
+        on this rank: gradient() does not reduce it and, with
+        scale_local_gradients=True, divides it by the process set's size.
+        Every rank must register the same positions of `sources` (the
+        others are reduced together, in order)."""
+        self._local_sources.add_source(
+            source, "tfring.DistributedGradientTape.register_local_source()")
+
+    def _register_local_layers(self, layers):
+        self._local_sources.add_layers(layers)
+
+    @property
     def _eager_reduce(self):
         """The tf.function that reduces eagerly for this tape's settings and
         process set (shared with every tape that has the same)."""
@@ -159,7 +226,8 @@ class DistributedGradientTape:
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
-        """The wrapped tape's gradients, reduced over all ranks.
+        """The wrapped tape's gradients, reduced over all ranks (those of
+        registered local sources stay local, see register_local_source()).
 
         A gradient that is None (source not connected to target) stays None;
         every rank must then have None for that source too.
@@ -171,28 +239,29 @@ class DistributedGradientTape:
         grads = self._tape.gradient(
             target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients)
-        flat_grads = tf.nest.flatten(grads)
-        if self._sparse_as_dense:
-            flat_grads = [
-                tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
-                else g for g in flat_grads]
-        present = [i for i, g in enumerate(flat_grads) if g is not None]
-        parts = self._partition(present, tf.nest.flatten(sources))
-        present_grads = [flat_grads[i] for i in present]
-        if tf.executing_eagerly():
-            reduced = _eager_reduce_function(
-                self._reduce_args, membership.key)(present_grads, parts)
-        else:
-            reduced = _reduce_parts(present_grads, parts, self._reduce_args)
-        out = list(flat_grads)
-        for i, g in zip(present, reduced):
-            out[i] = g
+        out = reduce_gradients(
+            tf.nest.flatten(grads), tf.nest.flatten(sources), membership,
+            self._reduce_args, self._groups, self._sparse_as_dense,
+            self._local_sources, self._scale_local)
         return tf.nest.pack_sequence_as(grads, out)
 
-    def _partition(self, present, sources):
-        """Positions in `present`, split into the calls to make (a tuple of
-        tuples, so it can key a tf.function trace)."""
-        return partition_positions(self._groups, present, sources)
+    @tf.autograph.experimental.do_not_convert
+    def get_local_and_global_gradients(
+            self, target, sources, output_gradients=None,
+            unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """gradient(), split as Horovod does: returns two lists of
+        (source, gradient) pairs, first the registered local sources', then
+        the others' (reduced), each in the order of (flattened) `sources`.
+        """
+        grads = self.gradient(target, sources, output_gradients,
+                              unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        local = self._local_sources.positions(flat_sources)
+        local_pairs, global_pairs = [], []
+        for i, (s, g) in enumerate(zip(flat_sources,
+                                       tf.nest.flatten(grads))):
+            (local_pairs if i in local else global_pairs).append((s, g))
+        return local_pairs, global_pairs
 
     def __enter__(self):
         self._tape.__enter__()
@@ -207,6 +276,33 @@ class DistributedGradientTape:
         if name == "_tape":
             raise AttributeError(name)
         return getattr(self._tape, name)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none,
+                                   sparse_as_dense=False,
+                                   op=collectives.Average,
+                                   gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None,
+                                   process_set=global_process_set,
+                                   local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape whose `local_layers` keep their gradients
+    local (Horovod's model-parallel helper).
+
+    local_layers: None, a keras Layer or a list of them; their trainable
+    variables are registered with register_local_source() (looked up when
+    gradient() runs, so layers built later count too). The other arguments
+    are DistributedGradientTape's.
+    """
+    layers = _local.check_local_layers(
+        local_layers, "tfring.PartialDistributedGradientTape()")
+    tape = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense,
+        op, gradient_predivide_factor, num_groups, groups, process_set,
+        scale_local_gradients)
+    tape._register_local_layers(layers)
+    return tape
 
 
 def partition_positions(groups, present, variables):
