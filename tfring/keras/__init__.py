@@ -34,7 +34,8 @@ from tfring import (
     size,
 )
 from tfring.keras.optimizer import (DistributedLossScaleOptimizer,
-                                    DistributedOptimizer)
+                                    DistributedOptimizer,
+                                    PartialDistributedOptimizer)
 from tfring.keras.saving import load_model
 
 

@@ -9,10 +9,13 @@
 # reuses the tape's helpers, so DistributedGradientTape and
 # DistributedOptimizer submit gradients to the core in exactly the same way:
 # one grouped call per step (eagerly inside one tf.function) so they fuse.
+# Gradients of registered local variables skip the reduction (see
+# tfring/local_gradients.py).
 
 import tensorflow as tf
 
 from tfring import collectives
+from tfring import local_gradients as _local
 from tfring import process_sets as _process_sets
 from tfring import tape as _tape
 from tfring.process_sets import global_process_set
@@ -22,16 +25,26 @@ class GradientReducer:
     """Reduces a list of gradients (None entries stay None) over all ranks
     of a process set (by default the job).
 
-    Holds the validated reduction settings of one DistributedOptimizer.
+    Holds the validated reduction settings of one DistributedOptimizer, and
+    its local variables (`local_sources`), whose gradients are not reduced
+    but divided by the set's size when `scale_local_gradients`.
     """
 
     def __init__(self, api_name, compression, sparse_as_dense, op,
                  gradient_predivide_factor, groups, num_groups=0,
                  device_dense='', device_sparse='',
-                 process_set=global_process_set):
+                 process_set=global_process_set, scale_local_gradients=True,
+                 local_sources=None):
         op, factor = _tape.check_op_and_predivide_factor(
             op, gradient_predivide_factor, api_name)
         _tape.check_process_set_type(process_set, api_name)
+        self.scale_local_gradients = _local.check_scale_flag(
+            scale_local_gradients, api_name)
+        self.local_sources = (_local.LocalSources() if local_sources is None
+                              else local_sources.copy())
+        # Set by the first reduce() (which a tf.function runs once, when it
+        # is traced): later registrations may then not be seen.
+        self.used = False
         if not (hasattr(compression, "compress") and
                 hasattr(compression, "decompress")):
             raise TypeError(
@@ -57,36 +70,22 @@ class GradientReducer:
 
     def reduce(self, grads, variables):
         """The reduced `grads`, in order; None where a gradient is None.
+        Gradients of local variables stay this rank's own (scaled).
 
         Every rank must pass None at the same positions.
         """
-        grads = list(grads)
         # Checked on every step: the set may have been removed meanwhile.
         membership = _process_sets.resolve(
             self.process_set, "tfring.keras.DistributedOptimizer.apply()")
-        if self.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g)
-                     if isinstance(g, tf.IndexedSlices) else g
-                     for g in grads]
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if not present:
-            return grads
-        parts = self._partition(present, variables)
-        present_grads = [grads[i] for i in present]
-        if tf.executing_eagerly():
-            reduced = _tape._eager_reduce_function(
-                self.reduce_args, membership.key)(present_grads, parts)
-        else:
-            reduced = _tape._reduce_parts(present_grads, parts,
-                                          self.reduce_args)
-        out = list(grads)
-        for i, g in zip(present, reduced):
-            out[i] = g
-        return out
+        self.used = True
+        return _tape.reduce_gradients(
+            list(grads), list(variables), membership, self.reduce_args,
+            self.groups, self.sparse_as_dense, self.local_sources,
+            self.scale_local_gradients)
 
-    def _partition(self, present, variables):
-        """Positions in `present`, split into one tuple per reduce call."""
-        return _tape.partition_positions(self.groups, present, variables)
+    def local_positions(self, variables):
+        """Positions in `variables` whose gradients stay local."""
+        return self.local_sources.positions(list(variables))
 
 
 class LocalGradientAggregator:

@@ -19,12 +19,20 @@
 # inside: gradients are reduced first, so every rank tests the same values
 # and takes the same branch. It is also an LSO instance, so model.compile()
 # does not wrap it a second time.
+#
+# Local variables (register_local_var, PartialDistributedOptimizer): their
+# gradients skip the reduction (tfring/local_gradients.py), so they differ
+# per rank; in DistributedLossScaleOptimizer the ranks then first agree on
+# whether any of them overflowed, so they still skip steps together.
 
 import copy
+import warnings
 
 import keras
+import tensorflow as tf
 
 from tfring import collectives
+from tfring import local_gradients as _local
 from tfring.compression import Compression
 from tfring.process_sets import global_process_set
 from tfring.keras.gradient_aggregation import (GradientReducer,
@@ -158,6 +166,17 @@ class DistributedOptimizer(_Optimizer):
         its ranks may train with this optimizer. Not saved with the model
         (process sets exist only while a job runs): a loaded optimizer
         reduces over every rank.
+      scale_local_gradients: divide the gradients of variables registered
+        with register_local_var() by the process set's size (True, Horovod's
+        default, whatever `op` is), or leave them as computed (False).
+
+    Local variables: `register_local_var(var)` keeps `var`'s gradient on
+    this rank (not reduced), for model-parallel weights that differ per
+    rank; register them before the first step (a traced step keeps the
+    set it was traced with), and on every rank at the same positions of
+    the variable list. The inner optimizer's `global_clipnorm` then sees
+    per-rank gradients, so it may clip the reduced ones differently per
+    rank. Registrations are not saved with the model.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
@@ -172,14 +191,15 @@ class DistributedOptimizer(_Optimizer):
                  gradient_predivide_factor=1.0, op=collectives.Average,
                  backward_passes_per_step=1,
                  average_aggregated_gradients=False, num_groups=0,
-                 groups=None, process_set=global_process_set):
+                 groups=None, process_set=global_process_set,
+                 scale_local_gradients=True):
         api_name = f"tfring.keras.{type(self).__name__}()"
         _check_optimizer(optimizer, api_name)
         passes = _check_passes(backward_passes_per_step, api_name)
         reducer = GradientReducer(
             api_name, compression, sparse_as_dense, op,
             gradient_predivide_factor, groups, num_groups, device_dense,
-            device_sparse, process_set)
+            device_sparse, process_set, scale_local_gradients)
         # Not super().__init__(): in DistributedLossScaleOptimizer the next
         # class in line is LossScaleOptimizer, whose state this wrapper keeps
         # in the wrapped LossScaleOptimizer instead.
@@ -230,6 +250,25 @@ class DistributedOptimizer(_Optimizer):
     def process_set(self):
         return self._reducer.process_set
 
+    @property
+    def scale_local_gradients(self):
+        return self._reducer.scale_local_gradients
+
+    def register_local_var(self, var):
+        """Keeps the gradient of `var` on this rank: it is not reduced and,
+        with scale_local_gradients=True, is divided by the process set's
+        size (Horovod's rule). Call it before the first step."""
+        api_name = f"{type(self).__name__}.register_local_var()"
+        self._reducer.local_sources.add_source(var, api_name, "variable")
+        if self._reducer.used:
+            warnings.warn(
+                f"{api_name} was called after the optimizer reduced "
+                "gradients: a train step traced before (model.fit's, or a "
+                "tf.function of yours) still reduces this variable's "
+                "gradient. Register local variables before the first step, "
+                "or retrace the step (e.g. compile the model again).",
+                stacklevel=2)
+
     def _set_compression(self, compression):
         """For load_model(): a new compressor before the first step."""
         r = self._reducer
@@ -238,7 +277,9 @@ class DistributedOptimizer(_Optimizer):
             r.op, r.gradient_predivide_factor, r.groups,
             device_dense=r.reduce_args["device_dense"],
             device_sparse=r.reduce_args["device_sparse"],
-            process_set=r.process_set)
+            process_set=r.process_set,
+            scale_local_gradients=r.scale_local_gradients,
+            local_sources=r.local_sources)
 
     # --- state delegated to the inner optimizer ---------------------------
 
@@ -364,6 +405,8 @@ class DistributedOptimizer(_Optimizer):
 
         def reduce_and_apply(local_grads):
             reduced = self._reducer.reduce(local_grads, trainable_variables)
+            reduced = self._agree_on_local_overflow(reduced,
+                                                    trainable_variables)
             self.inner_optimizer.apply(reduced, trainable_variables)
 
         if self._aggregator is None:
@@ -371,6 +414,10 @@ class DistributedOptimizer(_Optimizer):
         else:
             self._aggregator(self, grads, trainable_variables,
                              reduce_and_apply)
+
+    def _agree_on_local_overflow(self, grads, variables):
+        """Only DistributedLossScaleOptimizer tests gradients for inf/NaN."""
+        return grads
 
     def apply_gradients(self, grads_and_vars):
         grads_and_vars = list(grads_and_vars)
@@ -423,6 +470,7 @@ class DistributedOptimizer(_Optimizer):
             "gradient_predivide_factor":
                 self._reducer.gradient_predivide_factor,
             "groups": groups if isinstance(groups, int) else None,
+            "scale_local_gradients": self._reducer.scale_local_gradients,
         }
 
     @classmethod
@@ -474,3 +522,62 @@ class DistributedLossScaleOptimizer(DistributedOptimizer,
 
     def check_finite(self, grads):
         return self.inner_optimizer.check_finite(grads)
+
+    def _agree_on_local_overflow(self, grads, variables):
+        # The reduced gradients are the same on every rank, local ones are
+        # not: one rank alone could find an inf/NaN and skip the step (and
+        # halve its loss scale), and from then on the ranks would reduce
+        # gradients scaled differently. So the ranks agree (Max of a flag)
+        # and, if any local gradient overflowed anywhere, every rank sees a
+        # NaN in its first local gradient and skips the step too.
+        local = [i for i in sorted(self._reducer.local_positions(variables))
+                 if grads[i] is not None]
+        if not local:
+            return grads
+        values = [grads[i].values if isinstance(grads[i], tf.IndexedSlices)
+                  else grads[i] for i in local]
+        overflow = tf.cast(tf.logical_not(
+            self.inner_optimizer.check_finite(values)), tf.int32)
+        overflow = collectives.allreduce(overflow, op=collectives.Max,
+                                         process_set=self.process_set)
+        grads = list(grads)
+        first = grads[local[0]]
+        poison = tf.where(overflow > 0, float("nan"), 0.0)
+        if isinstance(first, tf.IndexedSlices):
+            grads[local[0]] = tf.IndexedSlices(
+                first.values + tf.cast(poison, first.values.dtype),
+                first.indices, first.dense_shape)
+        else:
+            grads[local[0]] = first + tf.cast(poison, first.dtype)
+        return grads
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense='',
+                                device_sparse='',
+                                compression=Compression.none,
+                                sparse_as_dense=False,
+                                gradient_predivide_factor=1.0,
+                                op=collectives.Average,
+                                backward_passes_per_step=1,
+                                average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set,
+                                local_layers=None,
+                                scale_local_gradients=True):
+    """A DistributedOptimizer whose `local_layers` keep their gradients
+    local (horovod.keras.PartialDistributedOptimizer, same parameters).
+
+    local_layers: None, a keras Layer or a list of them; their trainable
+    variables count as registered with register_local_var() (looked up at
+    each step, so a model built after this call is fine). The other
+    arguments are DistributedOptimizer's.
+    """
+    layers = _local.check_local_layers(
+        local_layers, "tfring.keras.PartialDistributedOptimizer()")
+    opt = DistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression,
+        sparse_as_dense, gradient_predivide_factor, op,
+        backward_passes_per_step, average_aggregated_gradients,
+        groups=groups, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
+    opt._reducer.local_sources.add_layers(layers)
+    return opt
