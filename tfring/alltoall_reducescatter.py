@@ -128,12 +128,12 @@ def _prepare_reducescatter_input(tensor, api_name, name=None):
 
 def _reducescatter_one(tensor, op, prescale_factor, postscale_factor,
                        compression, name, membership):
-    compressed, ctx = compression.compress(tensor)
-    reduced = _ops.reducescatter_op(compressed, op,
-                                    prescale_factor=prescale_factor,
-                                    postscale_factor=postscale_factor,
-                                    name=name, process_set_id=membership.id)
-    return compression.decompress(reduced, ctx)
+    return collectives.compressed_collective(
+        compression, tensor,
+        lambda compressed: _ops.reducescatter_op(
+            compressed, op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, name=name,
+            process_set_id=membership.id))
 
 
 @_do_not_convert

@@ -224,12 +224,18 @@ def _allreduce_slices(slices, op, name, device_sparse, membership):
 def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
                      compression, device_dense, membership):
     with tf.device(device_dense):
-        compressed, ctx = compression.compress(tensor)
-        reduced = _ops.allreduce_op(compressed, op,
-                                    prescale_factor=prescale_factor,
-                                    postscale_factor=postscale_factor,
-                                    name=name, process_set_id=membership.id)
-        return compression.decompress(reduced, ctx)
+        return compressed_collective(
+            compression, tensor,
+            lambda compressed: _ops.allreduce_op(
+                compressed, op, prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor, name=name,
+                process_set_id=membership.id))
+
+
+def compressed_collective(compression, tensor, collective):
+    """collective(tensor) on the wire in `compression`'s format."""
+    compressed, ctx = compression.compress(tensor)
+    return compression.decompress(collective(compressed), ctx)
 
 
 def _prepare_reduce_input(tensor, op, prescale_factor, postscale_factor,

@@ -132,6 +132,17 @@ class CollectiveKernel : public AsyncOpKernel {
     };
   }
 
+  // Allgather and reducescatter: the output's shape depends on the other
+  // ranks or this rank's position, so the core asks for it when known.
+  static void EnqueueWithOutputFromCore(OpKernelContext* context,
+                                        Request request, DoneCallback done) {
+    TensorBuffers buffers;
+    buffers.input = context->input(0).data();
+    buffers.allocate_output = PooledOutputAllocator(context);
+    EnqueueOrFail(context, std::move(request), std::move(buffers),
+                  std::move(done));
+  }
+
   // Hands the tensor to the core. On success the core calls back exactly
   // once; on failure the core does not, so `done` is called here.
   // `finish`, when set, runs after a successful collective (to write further
@@ -216,19 +227,13 @@ class AllgatherKernel : public CollectiveKernel {
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
-    const Tensor& input = context->input(0);
     Request request;
-    OP_REQUIRES_OK_ASYNC(context, DescribeInput(input, &request), done);
+    OP_REQUIRES_OK_ASYNC(context, DescribeInput(context->input(0), &request),
+                         done);
     // The shape goes to the core unchanged: it gathers a scalar as one row
     // (the output has one element per rank) and rejects a mix of scalars and
-    // vectors.
-
-    TensorBuffers buffers;
-    buffers.input = input.data();
-    // Only the core knows every rank's first dimension.
-    buffers.allocate_output = PooledOutputAllocator(context);
-    EnqueueOrFail(context, std::move(request), std::move(buffers),
-                  std::move(done));
+    // vectors. Only the core knows every rank's first dimension.
+    EnqueueWithOutputFromCore(context, std::move(request), std::move(done));
   }
 };
 
@@ -278,15 +283,11 @@ class ReducescatterKernel : public ReductionKernel {
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
-    const Tensor& input = context->input(0);
     Request request;
-    OP_REQUIRES_OK_ASYNC(context, DescribeReduction(input, &request), done);
-    TensorBuffers buffers;
-    buffers.input = input.data();
+    OP_REQUIRES_OK_ASYNC(context,
+                         DescribeReduction(context->input(0), &request), done);
     // The core gives this rank its block of dimension 0.
-    buffers.allocate_output = PooledOutputAllocator(context);
-    EnqueueOrFail(context, std::move(request), std::move(buffers),
-                  std::move(done));
+    EnqueueWithOutputFromCore(context, std::move(request), std::move(done));
   }
 };
 
