@@ -111,6 +111,16 @@ TFRING_EXPORT bool MpiThreadsSupported();
 TFRING_EXPORT Status Enqueue(Request request, TensorBuffers buffers,
                              DoneCallback done);
 
+// Starts rank 0's timeline: a Chrome trace-event file at `path` (see
+// docs/timeline.md) of every collective from now on; `mark_cycles` adds a
+// mark per background-loop cycle. Any rank may call it (only rank 0
+// records; the others report when their tensors were ready). A recording in
+// progress is closed first. FailedPrecondition when not initialised;
+// InvalidArgument when rank 0 cannot create the file.
+TFRING_EXPORT Status StartTimeline(const std::string& path, bool mark_cycles);
+// Closes the timeline file (valid JSON from then on). No-op when none records.
+TFRING_EXPORT Status StopTimeline();
+
 // Address of the process-wide state, for tests that check the op library and
 // the pybind11 module share one core.
 TFRING_EXPORT const void* CoreStateAddress();

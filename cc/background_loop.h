@@ -17,6 +17,11 @@
 // the global set first. Ranks of disjoint sets never wait for each other,
 // and ranks sharing several sets meet them in the same order, so no two
 // ranks can wait in different sets' rounds for each other.
+//
+// Rank 0 announces, in every global round (RoundInputs::root_words), the
+// fusion and direct thresholds and the cycle time for the rounds to come
+// (the autotuner's choice, or the configured values) and whether its
+// timeline records; every rank applies them after the same round.
 #ifndef TFRING_CC_BACKGROUND_LOOP_H_
 #define TFRING_CC_BACKGROUND_LOOP_H_
 
@@ -27,21 +32,24 @@
 #include <thread>
 #include <vector>
 
+#include "cc/autotuner.h"
 #include "cc/collective_executor.h"
 #include "cc/config.h"
 #include "cc/controller.h"
 #include "cc/process_set_registry.h"
 #include "cc/tensor_queue.h"
+#include "cc/timeline.h"
 #include "cc/transport.h"
 
 namespace tfring {
 
 class BackgroundLoop {
  public:
-  // The loop borrows `transport` (the global set's), `queue` and `registry`
-  // (may be null: the global set only); all must outlive it.
+  // The loop borrows `transport` (the global set's), `queue`, `registry`
+  // (may be null: the global set only) and `timeline` (may be null: never
+  // records; only rank 0's records); all must outlive it.
   BackgroundLoop(Transport* transport, TensorQueue* queue, const Config& config,
-                 ProcessSetRegistry* registry = nullptr);
+                 ProcessSetRegistry* registry = nullptr, Timeline* timeline = nullptr);
   ~BackgroundLoop();
 
   // Before Start: a process set this rank belongs to, over `transport`.
@@ -77,12 +85,22 @@ class BackgroundLoop {
   // no longer has (removed meanwhile) fail here.
   std::map<int32_t, std::vector<Request>> TakeNewRequestsBySet();
   // One round and its execution for `set`. A failure returned stops the loop.
-  Status RunSet(SetRuntime& set, std::vector<Request> requests, bool request_shutdown,
+  Status RunSet(SetRuntime& set, std::vector<Request> requests, const RoundInputs& inputs,
                 RoundOutcome* outcome);
+  // Rank 0's announcement for the next global round.
+  std::vector<uint64_t> RootWords() const;
+  // Applies rank 0's announcement (every rank, after the same round).
+  void ApplyRootWords(const std::vector<uint64_t>& words);
+  // Rank 0, while its timeline records a round of `set`: what the executor
+  // needs to record it (null otherwise).
+  std::unique_ptr<RoundTrace> TraceFor(const SetRuntime& set, const RoundOutcome& outcome);
   // Applies the staged process-set change (every rank applies it in the
   // same cycle).
   void ApplyProcessSetChange();
   bool AnyPending() const;
+  // Rank 0: feeds the cycle's bytes to the autotuner; its new choice goes
+  // out with the next round.
+  void FeedAutotuner();
 
   TensorQueue* queue_;
   const Config& config_;
@@ -92,6 +110,22 @@ class BackgroundLoop {
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> running_{false};
   Status exit_status_;
+  Timeline* timeline_;
+  // The knobs in force, as rank 0 last announced them.
+  int64_t fusion_threshold_;
+  int64_t direct_threshold_;
+  double cycle_time_ms_;
+  // Rank 0: what it announces next (the autotuner's current trial, or the
+  // configured values), and the autotuner (null unless TFRING_AUTOTUNE).
+  TunableParameters proposal_;
+  std::unique_ptr<Autotuner> autotuner_;
+  int64_t bytes_seen_ = 0;  // bytes moved by every set, as last fed to the autotuner
+  // Rank 0's timeline records: every rank reports readiness in its rounds.
+  bool report_readiness_ = false;
+  int64_t cycle_ = 0;
+  TimelineClock::time_point cycle_start_;
+  bool cycle_marked_ = false;  // this cycle's timeline mark is recorded
+  int64_t next_batch_ = 0;
 };
 
 }  // namespace tfring

@@ -46,7 +46,16 @@ Status AllocateOutput(TensorEntry& entry, const std::vector<int64_t>& shape) {
 
 CollectiveExecutor::CollectiveExecutor(Transport* transport, const Config& config,
                                        std::vector<int> world_ranks)
-    : transport_(transport), config_(config), world_ranks_(std::move(world_ranks)) {}
+    : transport_(transport),
+      config_(config),
+      world_ranks_(std::move(world_ranks)),
+      fusion_threshold_(config.fusion_threshold),
+      direct_threshold_(config.direct_threshold) {}
+
+void CollectiveExecutor::SetThresholds(int64_t fusion_threshold, int64_t direct_threshold) {
+  fusion_threshold_ = std::min(fusion_threshold, config_.fusion_threshold);
+  direct_threshold_ = direct_threshold;
+}
 
 std::vector<int> CollectiveExecutor::WorldRanks(const std::vector<int>& ranks) const {
   std::vector<int> world;
@@ -75,13 +84,16 @@ Status CollectiveExecutor::Prepare() {
   return agreed[0];
 }
 
-Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* queue) {
+Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* queue,
+                                   const RoundTrace* trace) {
   // Take every entry first: names are released before any callback runs.
   std::vector<TensorEntry> entries;
   std::vector<Status> outcome;
+  std::vector<size_t> response_of_entry;
   entries.reserve(responses.size());
   stand_in_buffers_.clear();
-  for (const Response& response : responses) {
+  for (size_t r = 0; r < responses.size(); ++r) {
+    const Response& response = responses[r];
     TensorEntry entry;
     if (!queue->TryTake(response.name(), &entry)) {
       // This rank has joined and never submitted the tensor: it takes part
@@ -94,6 +106,7 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
       entry.request.root_rank = response.request.root_rank;  // the last rank to join
     }
     entries.push_back(std::move(entry));
+    response_of_entry.push_back(r);
     outcome.push_back(response.is_error ? Status::FailedPrecondition(response.error_message)
                                         : Status::OK());
   }
@@ -110,6 +123,9 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
   for (size_t i = 0; i < entries.size(); ++i) {
     if (!outcome[i].ok()) {
       CompleteEntry(entries[i], outcome[i]);
+      if (trace != nullptr) {
+        TraceBatch(*trace, {i}, entries, response_of_entry, false, 0, BatchPhases(), outcome[i]);
+      }
       continue;
     }
     const Request& request = entries[i].request;
@@ -118,16 +134,60 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
                               : ByteSize(request);
     candidates.push_back(FusionCandidate{i, &request, bytes});
   }
-  for (const Batch& batch :
-       PlanBatches(candidates, config_.fusion_threshold, config_.direct_threshold)) {
+  std::vector<int64_t> candidate_bytes(entries.size(), 0);
+  for (const FusionCandidate& candidate : candidates) {
+    candidate_bytes[candidate.index] = candidate.bytes;
+  }
+  for (const Batch& batch : PlanBatches(candidates, fusion_threshold_, direct_threshold_)) {
+    BatchPhases phases;
+    if (trace != nullptr) {
+      phases.Mark(OpPhase::kQueue);
+      phases_ = &phases;
+    }
+    int64_t batch_bytes = 0;
+    for (size_t index : batch.members) batch_bytes += candidate_bytes[index];
     Status status = transport_failure;  // once failed, the ranks cannot move data together
     if (status.ok()) {
       status = RunBatchCatching(batch, entries);
       if (status.code() == StatusCode::kAborted) transport_failure = status;
+      if (status.ok()) bytes_moved_ += batch_bytes;
     }
     for (size_t index : batch.members) CompleteEntry(entries[index], status);
+    phases_ = nullptr;
+    if (trace != nullptr) {
+      phases.Mark(OpPhase::kCallback);
+      TraceBatch(*trace, batch.members, entries, response_of_entry, batch.fused, batch_bytes,
+                 phases, status);
+    }
   }
   return transport_failure;
+}
+
+void CollectiveExecutor::TraceBatch(const RoundTrace& trace, const std::vector<size_t>& members,
+                                    const std::vector<TensorEntry>& entries,
+                                    const std::vector<size_t>& response_of_entry, bool fused,
+                                    int64_t batch_bytes, const BatchPhases& phases,
+                                    const Status& status) const {
+  const int64_t batch = (*trace.next_batch)++;
+  for (size_t index : members) {
+    const TensorEntry& entry = entries[index];
+    TensorTrace record;
+    record.request = entry.request;
+    record.bytes = entry.request.shape.empty() || entry.request.shape[0] >= 0
+                       ? ByteSize(entry.request)
+                       : 0;
+    const size_t response = response_of_entry[index];
+    if (response < trace.ready.size()) record.ready = trace.ready[response];
+    record.agreed = trace.agreed;
+    record.cycle = trace.cycle;
+    record.batch = batch;
+    record.batch_tensors = static_cast<int>(members.size());
+    record.batch_bytes = batch_bytes;
+    record.fused = fused;
+    record.phases = phases;
+    if (!status.ok()) record.error = status.message();
+    trace.timeline->RecordTensor(std::move(record));
+  }
 }
 
 Status CollectiveExecutor::PrepareOutputs(std::vector<TensorEntry>& entries,
@@ -177,8 +237,7 @@ Status CollectiveExecutor::PrepareOutputs(std::vector<TensorEntry>& entries,
     Status status = AllocateOutput(entry, layouts_[i].output_shape);
     if (status.ok() && request.type == CollectiveType::kReducescatter &&
         request.prescale_factor != 1.0 &&
-        !FitsFusionBuffer(ByteSize(request), config_.fusion_threshold,
-                          config_.direct_threshold)) {
+        !FitsFusionBuffer(ByteSize(request), fusion_threshold_, direct_threshold_)) {
       // A direct reducescatter scales its input into scratch memory first.
       scaled_inputs_[i].reset(new (std::nothrow) uint8_t[ByteSize(request)]);
       if (!scaled_inputs_[i]) {
@@ -281,14 +340,17 @@ Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& me
     std::memset(buffer + offset + bytes, 0, FusionFootprint(bytes) - bytes);
     offset += FusionFootprint(bytes);
   }
+  MarkPhase(OpPhase::kCopyIn);
   TFRING_RETURN_IF_ERROR(transport_->Allreduce(buffer, buffer, offset / element_size,
                                                first.dtype, TransportOp(first.reduce_op)));
+  MarkPhase(OpPhase::kCommunicate);
   offset = 0;
   for (TensorEntry* entry : members) {
     FinishReduction(*entry, buffer + offset, entry->buffers.output,
                     NumElements(entry->request.shape));
     offset += FusionFootprint(ByteSize(entry->request));
   }
+  MarkPhase(OpPhase::kCopyOut);
   return Status::OK();
 }
 
@@ -299,10 +361,13 @@ Status CollectiveExecutor::RunDirectAllreduce(TensorEntry& entry) {
   if (request.prescale_factor != 1.0) {
     ScaleCopy(request.dtype, input, entry.buffers.output, count, request.prescale_factor);
     input = entry.buffers.output;
+    MarkPhase(OpPhase::kCopyIn);
   }
   TFRING_RETURN_IF_ERROR(transport_->Allreduce(input, entry.buffers.output, count, request.dtype,
                                                TransportOp(request.reduce_op)));
+  MarkPhase(OpPhase::kCommunicate);
   FinishReduction(entry, entry.buffers.output, entry.buffers.output, count);
+  MarkPhase(OpPhase::kCopyOut);
   return Status::OK();
 }
 
@@ -346,8 +411,11 @@ Status CollectiveExecutor::RunDirectAllgather(size_t index, TensorEntry& entry) 
   const RowLayout& layout = layouts_[index];
   std::vector<int64_t> bytes_per_rank;
   for (int64_t rows : layout.recv_rows) bytes_per_rank.push_back(rows * layout.row_bytes);
-  return transport_->Allgatherv(entry.buffers.input, bytes_per_rank[transport_->rank()],
-                                entry.buffers.output, bytes_per_rank);
+  TFRING_RETURN_IF_ERROR(transport_->Allgatherv(entry.buffers.input,
+                                                bytes_per_rank[transport_->rank()],
+                                                entry.buffers.output, bytes_per_rank));
+  MarkPhase(OpPhase::kCommunicate);
+  return Status::OK();
 }
 
 Status CollectiveExecutor::RunFusedAllgather(const std::vector<size_t>& members,
@@ -370,8 +438,10 @@ Status CollectiveExecutor::RunFusedAllgather(const std::vector<size_t>& members,
     if (bytes > 0) std::memcpy(cursor, entries[index].buffers.input, bytes);
     cursor += bytes;
   }
+  MarkPhase(OpPhase::kCopyIn);
   TFRING_RETURN_IF_ERROR(
       transport_->Allgatherv(nullptr, bytes_per_rank[rank], buffer, bytes_per_rank));
+  MarkPhase(OpPhase::kCommunicate);
   std::vector<int64_t> written(members.size(), 0);  // bytes of each output filled so far
   cursor = buffer;
   for (int r = 0; r < size; ++r) {
@@ -384,6 +454,7 @@ Status CollectiveExecutor::RunFusedAllgather(const std::vector<size_t>& members,
       cursor += bytes;
     }
   }
+  MarkPhase(OpPhase::kCopyOut);
   return Status::OK();
 }
 
@@ -398,12 +469,15 @@ Status CollectiveExecutor::RunDirectReducescatter(size_t index, TensorEntry& ent
     ScaleCopy(request.dtype, input, scaled_inputs_[index].get(), NumElements(request.shape),
               request.prescale_factor);
     input = scaled_inputs_[index].get();
+    MarkPhase(OpPhase::kCopyIn);
   }
   TFRING_RETURN_IF_ERROR(transport_->ReduceScatter(input, entry.buffers.output, counts,
                                                    request.dtype,
                                                    TransportOp(request.reduce_op)));
+  MarkPhase(OpPhase::kCommunicate);
   const int64_t count = counts[transport_->rank()];
   FinishReduction(entry, entry.buffers.output, entry.buffers.output, count);
+  MarkPhase(OpPhase::kCopyOut);
   return Status::OK();
 }
 
@@ -432,8 +506,10 @@ Status CollectiveExecutor::RunFusedReducescatter(const std::vector<size_t>& memb
       counts[r] += count;
     }
   }
+  MarkPhase(OpPhase::kCopyIn);
   TFRING_RETURN_IF_ERROR(transport_->ReduceScatter(buffer, buffer, counts, first.dtype,
                                                    TransportOp(first.reduce_op)));
+  MarkPhase(OpPhase::kCommunicate);
   cursor = buffer;
   for (size_t index : members) {
     const RowLayout& layout = layouts_[index];
@@ -441,6 +517,7 @@ Status CollectiveExecutor::RunFusedReducescatter(const std::vector<size_t>& memb
     FinishReduction(entries[index], cursor, entries[index].buffers.output, count);
     cursor += count * element_size;
   }
+  MarkPhase(OpPhase::kCopyOut);
   return Status::OK();
 }
 
@@ -449,7 +526,10 @@ Status CollectiveExecutor::RunAlltoall(size_t index, TensorEntry& entry) {
   std::vector<int64_t> send_bytes, recv_bytes;
   for (int64_t rows : layout.send_rows) send_bytes.push_back(rows * layout.row_bytes);
   for (int64_t rows : layout.recv_rows) recv_bytes.push_back(rows * layout.row_bytes);
-  return transport_->Alltoallv(entry.buffers.input, send_bytes, entry.buffers.output, recv_bytes);
+  TFRING_RETURN_IF_ERROR(
+      transport_->Alltoallv(entry.buffers.input, send_bytes, entry.buffers.output, recv_bytes));
+  MarkPhase(OpPhase::kCommunicate);
+  return Status::OK();
 }
 
 Status CollectiveExecutor::RunBroadcast(TensorEntry& entry) {
@@ -465,8 +545,11 @@ Status CollectiveExecutor::RunBroadcast(TensorEntry& entry) {
   const int root_rank = static_cast<int>(root - world_ranks_.begin());
   if (transport_->rank() == root_rank && entry.buffers.output != entry.buffers.input) {
     std::memcpy(entry.buffers.output, entry.buffers.input, bytes);
+    MarkPhase(OpPhase::kCopyIn);
   }
-  return transport_->Broadcast(entry.buffers.output, bytes, root_rank);
+  TFRING_RETURN_IF_ERROR(transport_->Broadcast(entry.buffers.output, bytes, root_rank));
+  MarkPhase(OpPhase::kCommunicate);
+  return Status::OK();
 }
 
 }  // namespace tfring

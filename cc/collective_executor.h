@@ -36,9 +36,22 @@
 #include "cc/row_layout.h"
 #include "cc/status.h"
 #include "cc/tensor_queue.h"
+#include "cc/timeline.h"
 #include "cc/transport.h"
 
 namespace tfring {
+
+// Rank 0, while the timeline records: where Execute sends one record per
+// tensor, and what the round already knows about each response.
+struct RoundTrace {
+  Timeline* timeline = nullptr;
+  int64_t cycle = 0;
+  TimelineClock::time_point agreed;
+  // Per response: when each rank submitted it (rank 0's own mark at least).
+  std::vector<std::vector<ReadyMark>> ready;
+  // Batch ids, unique in the file across rounds and process sets.
+  int64_t* next_batch = nullptr;
+};
 
 class CollectiveExecutor {
  public:
@@ -60,8 +73,17 @@ class CollectiveExecutor {
 
   // Executes `responses` in order, taking each entry from `queue` and
   // calling its callback exactly once. Returns a transport failure (the job
-  // must stop); per-tensor failures only fail their tensors.
-  Status Execute(const ResponseList& responses, TensorQueue* queue);
+  // must stop); per-tensor failures only fail their tensors. `trace`: null
+  // unless rank 0's timeline records this round.
+  Status Execute(const ResponseList& responses, TensorQueue* queue,
+                 const RoundTrace* trace = nullptr);
+
+  // The fusion and direct thresholds of the rounds to come (the autotuner's
+  // choice; every rank sets the same values in the same round). The fusion
+  // threshold never exceeds the configured one, which sized the buffer.
+  void SetThresholds(int64_t fusion_threshold, int64_t direct_threshold);
+  // Bytes of input moved by successful batches since construction.
+  int64_t bytes_moved() const { return bytes_moved_; }
 
  private:
   // Step 1 for the tensors not yet failed (`outcome[i]` OK): fills
@@ -96,10 +118,24 @@ class CollectiveExecutor {
 
   // Job ranks of the transport's ranks in `ranks`, for messages.
   std::vector<int> WorldRanks(const std::vector<int>& ranks) const;
+  // Ends a phase of the batch being traced (no-op when not tracing).
+  void MarkPhase(OpPhase phase) {
+    if (phases_ != nullptr) phases_->Mark(phase);
+  }
+  // Sends the timeline one record per member of a finished batch (or one
+  // failed tensor, with no batch phases).
+  void TraceBatch(const RoundTrace& trace, const std::vector<size_t>& members,
+                  const std::vector<TensorEntry>& entries,
+                  const std::vector<size_t>& response_of_entry, bool fused, int64_t batch_bytes,
+                  const BatchPhases& phases, const Status& status) const;
 
   Transport* transport_;
   const Config& config_;
   const std::vector<int> world_ranks_;
+  int64_t fusion_threshold_;
+  int64_t direct_threshold_;
+  int64_t bytes_moved_ = 0;
+  BatchPhases* phases_ = nullptr;  // the batch being traced, or null
   std::shared_ptr<uint8_t[]> fusion_buffer_;
   // This round's layouts, by entry index (allgather, alltoall, reducescatter).
   std::vector<RowLayout> layouts_;

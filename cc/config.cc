@@ -47,6 +47,11 @@ bool Parse(const char* env, const char* text, double* out) {
   return true;
 }
 
+bool Parse(const char*, const char* text, std::string* out) {
+  *out = text;
+  return true;
+}
+
 template <typename T>
 std::string ToString(T value) {
   std::ostringstream out;
@@ -62,10 +67,18 @@ Config Config::FromEnvironment() {
   if (const char* text = std::getenv(env)) {           \
     type parsed;                                       \
     if (Parse(env, text, &parsed)) config.field = parsed; \
+    config.set_in_environment.push_back(env);          \
   }
   TFRING_CONFIG_KNOBS(TFRING_READ_FIELD)
 #undef TFRING_READ_FIELD
   return config;
+}
+
+bool Config::SetInEnvironment(const std::string& env) const {
+  for (const std::string& name : set_in_environment) {
+    if (name == env) return true;
+  }
+  return false;
 }
 
 const Config& Config::Get() {

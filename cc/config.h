@@ -48,7 +48,33 @@ namespace tfring {
     "Seconds a tensor may wait before the job is shut down with an error. "    \
     "0 (default) never shuts down.")                                           \
   X(int64_t, log_level, "TFRING_LOG_LEVEL", 3, kProcess,                                  \
-    "0 trace, 1 debug, 2 info, 3 warning, 4 error (names also accepted).")
+    "0 trace, 1 debug, 2 info, 3 warning, 4 error (names also accepted).")                  \
+  X(std::string, timeline, "TFRING_TIMELINE", "", kProcess,                                \
+    "Rank 0 records a timeline of every collective into this file (Chrome trace-event "   \
+    "JSON; python -m tfring.timeline FILE summarises it). Empty: no timeline.")           \
+  X(int64_t, timeline_mark_cycles, "TFRING_TIMELINE_MARK_CYCLES", 0, kProcess,           \
+    "1: the timeline also marks each background-loop cycle that ran collectives.")         \
+  X(int64_t, autotune, "TFRING_AUTOTUNE", 0, kProcess,                                     \
+    "1: rank 0 tunes the fusion threshold, direct threshold and cycle time online "        \
+    "(Bayesian optimisation of measured throughput) and announces its choice to every "   \
+    "rank; knobs set in rank 0's environment stay fixed. Rank 0's value decides.")         \
+  X(std::string, autotune_log, "TFRING_AUTOTUNE_LOG", "", kProcess,                        \
+    "CSV file where rank 0's autotuner records every trial.")                              \
+  X(std::string, autotune_start, "TFRING_AUTOTUNE_START", "", kProcess,                    \
+    "Where the autotuner's first trial starts instead of the defaults, e.g. "              \
+    "\"fusion_threshold=65536,direct_threshold=1048576,cycle_time=1\" (any subset). "      \
+    "Unlike the knobs themselves, these values are not fixed.")                             \
+  X(int64_t, autotune_warmup_samples, "TFRING_AUTOTUNE_WARMUP_SAMPLES", 3, kProcess,       \
+    "Samples the autotuner discards at the start (tracing, first steps).")                 \
+  X(int64_t, autotune_cycles_per_sample, "TFRING_AUTOTUNE_CYCLES_PER_SAMPLE", 10, kProcess, \
+    "Cycles that moved data per autotuner sample.")                                        \
+  X(int64_t, autotune_samples_per_trial, "TFRING_AUTOTUNE_SAMPLES_PER_TRIAL", 3, kProcess, \
+    "Samples per trial (its score is their median).")                                      \
+  X(int64_t, autotune_max_trials, "TFRING_AUTOTUNE_MAX_TRIALS", 20, kProcess,              \
+    "Trials before the autotuner settles on the best and stops.")                          \
+  X(double, autotune_noise, "TFRING_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.3, kProcess,       \
+    "Noise the autotuner's Gaussian process assumes, relative to the spread of the "       \
+    "scores; higher explores more.")
 
 struct Config {
 #define TFRING_DECLARE_FIELD(type, field, env, def, scope, doc) type field = def;
@@ -63,6 +89,11 @@ struct Config {
   // Reads every knob from the environment; a malformed value keeps the
   // default and logs a warning naming the variable.
   static Config FromEnvironment();
+
+  // The TFRING_* variables set in the environment this configuration was
+  // read from (for the autotuner, which leaves them fixed).
+  std::vector<std::string> set_in_environment;
+  bool SetInEnvironment(const std::string& env) const;
 };
 
 enum class KnobScope { kJob, kProcess };

@@ -30,7 +30,8 @@ void ClearBit(std::vector<uint64_t>* bits, int64_t word0, int64_t index) {
 
 }  // namespace
 
-Controller::Controller(Transport* transport, const Config& config, std::vector<int> world_ranks)
+Controller::Controller(Transport* transport, const Config& config, std::vector<int> world_ranks,
+                       int num_root_words)
     : transport_(transport),
       config_(config),
       world_ranks_(std::move(world_ranks)),
@@ -42,19 +43,27 @@ Controller::Controller(Transport* transport, const Config& config, std::vector<i
   layout_.invalid = layout_.hits + cache_words;
   layout_.shutdown_ranks = layout_.invalid + cache_words;
   layout_.agreed = layout_.shutdown_ranks + rank_words;
-  layout_.total = layout_.agreed + 1;
+  layout_.root = layout_.agreed + 1;
+  layout_.total = layout_.root + num_root_words;
   if (transport_->rank() == 0) {
     coordinator_ = std::make_unique<Coordinator>(world_ranks_, config_);
   }
 }
 
-std::vector<uint64_t> Controller::BuildBits(bool request_shutdown, bool change_staged,
-                                            Clock::time_point now) {
+std::vector<uint64_t> Controller::BuildBits(const RoundInputs& inputs, Clock::time_point now) {
   std::vector<uint64_t> bits(layout_.total, 0);
   // Inverted sections start all ones; a rank clears a bit to raise it.
   for (int64_t w = 0; w < layout_.hits; ++w) bits[w] = ~0ull;
   for (int64_t w = layout_.invalid; w < layout_.agreed; ++w) bits[w] = ~0ull;
-  if (change_staged) bits[layout_.agreed] |= kProcessSetChangeStaged;
+  if (inputs.process_set_change_staged) bits[layout_.agreed] |= kProcessSetChangeStaged;
+  // Root words: the AND of rank 0's value with everyone else's all ones.
+  const int64_t root_words = layout_.total - layout_.root;
+  TFRING_CHECK(static_cast<int64_t>(inputs.root_words.size()) == root_words,
+               "round with " << inputs.root_words.size() << " root words, expected "
+                             << root_words);
+  for (int64_t w = 0; w < root_words; ++w) {
+    bits[layout_.root + w] = transport_->rank() == 0 ? inputs.root_words[w] : ~0ull;
+  }
 
   bool needs_negotiation = false;
   for (Pending& pending : pending_) {
@@ -87,7 +96,7 @@ std::vector<uint64_t> Controller::BuildBits(bool request_shutdown, bool change_s
     }
   }
   if (needs_negotiation) bits[layout_.flags] &= ~kNeedsNegotiation;
-  if (request_shutdown) ClearBit(&bits, layout_.shutdown_ranks, transport_->rank());
+  if (inputs.request_shutdown) ClearBit(&bits, layout_.shutdown_ranks, transport_->rank());
   return bits;
 }
 
@@ -104,7 +113,7 @@ void Controller::TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOut
   for (int64_t slot : agreed_slots) {
     outcome->responses.push_back(cache_.At(slot));
     cache_.Touch(slot);
-    RemovePending(outcome->responses.back().name());
+    submitted_.push_back(RemovePending(outcome->responses.back().name()));
   }
   // Entries some rank contradicted are dropped everywhere; the requests
   // concerned are renegotiated in full.
@@ -113,17 +122,19 @@ void Controller::TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOut
   }
 }
 
-Status Controller::RunRound(std::vector<Request> new_requests, bool request_shutdown,
-                            bool process_set_change_staged, RoundOutcome* outcome) {
+Status Controller::RunRound(std::vector<Request> new_requests, const RoundInputs& inputs,
+                            RoundOutcome* outcome) {
   *outcome = RoundOutcome();
+  submitted_.clear();
   const Clock::time_point now = Clock::now();
   for (Request& request : new_requests) {
     request.rank = world_ranks_[transport_->rank()];
     pending_.push_back(Pending{std::move(request), now});
   }
 
-  std::vector<uint64_t> bits = BuildBits(request_shutdown, process_set_change_staged, now);
+  std::vector<uint64_t> bits = BuildBits(inputs, now);
   TFRING_RETURN_IF_ERROR(transport_->BitwiseAndAllreduce(&bits));
+  outcome->root_words.assign(bits.begin() + layout_.root, bits.end());
   TakeCachedResponses(bits, outcome);
   outcome->process_set_change_agreed = (bits[layout_.agreed] & kProcessSetChangeStaged) != 0;
 
@@ -140,7 +151,27 @@ Status Controller::RunRound(std::vector<Request> new_requests, bool request_shut
   if ((bits[layout_.flags] & kNeedsNegotiation) == 0) {
     TFRING_RETURN_IF_ERROR(Negotiate(now, outcome));
   }
+  outcome->agreed = Clock::now();
+  if (inputs.report_readiness && !outcome->responses.empty()) {
+    TFRING_RETURN_IF_ERROR(ReportReadiness(outcome));
+  }
   return Status::OK();
+}
+
+Status Controller::ReportReadiness(RoundOutcome* outcome) {
+  // Every rank leaves the round at nearly the same moment, so "waited this
+  // long before the end of the round" places each rank's submission on rank
+  // 0's clock without synchronised clocks.
+  std::vector<int64_t> waited;
+  waited.reserve(submitted_.size());
+  for (const Clock::time_point submitted : submitted_) {
+    waited.push_back(submitted == Clock::time_point()
+                         ? -1
+                         : std::chrono::duration_cast<std::chrono::microseconds>(
+                               outcome->agreed - submitted)
+                               .count());
+  }
+  return transport_->AllgatherInt64s(waited, &outcome->waited_us);
 }
 
 Status Controller::Negotiate(Clock::time_point now, RoundOutcome* outcome) {
@@ -176,7 +207,7 @@ Status Controller::Negotiate(Clock::time_point now, RoundOutcome* outcome) {
         response.request.type != CollectiveType::kJoin) {
       cache_.Put(response);
     }
-    RemovePending(response.name());
+    submitted_.push_back(RemovePending(response.name()));
     outcome->responses.push_back(std::move(response));
   }
   if (!shutdown_reason.empty()) {
@@ -192,18 +223,20 @@ std::vector<std::string> Controller::PendingNames() const {
   return names;
 }
 
-void Controller::RemovePending(const std::string& name) {
+Controller::Clock::time_point Controller::RemovePending(const std::string& name) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [&](const Pending& p) { return p.request.name == name; });
   if (it != pending_.end()) {
+    const Clock::time_point since = it->since;
     pending_.erase(it);
-    return;
+    return since;
   }
   // A rank that has joined takes part in tensors it never submitted.
   const bool joined = std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) {
     return p.request.type == CollectiveType::kJoin;
   });
   TFRING_CHECK(joined, "response for '" << name << "' that this rank never sent");
+  return Clock::time_point();
 }
 
 }  // namespace tfring

@@ -31,9 +31,33 @@
 
 namespace tfring {
 
+// What one rank brings to a round besides its new requests.
+struct RoundInputs {
+  // This rank wants the job to stop.
+  bool request_shutdown = false;
+  // This rank has a process-set change staged.
+  bool process_set_change_staged = false;
+  // Values rank 0 announces to every rank in this round (the tuned knobs,
+  // the timeline's state); other ranks' values are ignored. Exactly the
+  // controller's num_root_words entries.
+  std::vector<uint64_t> root_words;
+  // Every rank reports how long each agreed tensor waited on it, for rank
+  // 0's timeline (one extra small collective in rounds that agree tensors).
+  bool report_readiness = false;
+};
+
 struct RoundOutcome {
   // To execute now, in this order, on every rank.
   ResponseList responses;
+  // Rank 0's root words (RoundInputs::root_words).
+  std::vector<uint64_t> root_words;
+  // When the responses were agreed, on this rank's clock: the end of the
+  // round, which every rank leaves at (nearly) the same moment.
+  std::chrono::steady_clock::time_point agreed;
+  // With report_readiness: microseconds response i waited on the
+  // transport's rank r before `agreed`, at [i * size + r]; -1 where r never
+  // submitted it (it had joined). Empty otherwise.
+  std::vector<int64_t> waited_us;
   // The job stops after executing `responses`; pending work fails with the
   // reason.
   bool shutdown = false;
@@ -47,14 +71,15 @@ class Controller {
   using Clock = std::chrono::steady_clock;
 
   // `world_ranks[r]`: the job rank of the transport's rank r (messages name
-  // job ranks; the transport may span a process set).
-  Controller(Transport* transport, const Config& config, std::vector<int> world_ranks);
+  // job ranks; the transport may span a process set). `num_root_words`:
+  // the size of RoundInputs::root_words in every round.
+  Controller(Transport* transport, const Config& config, std::vector<int> world_ranks,
+             int num_root_words = 0);
 
   // Runs one round. `new_requests`: tensors enqueued locally since the last
-  // round. `request_shutdown`: this rank wants the job to stop.
-  // `process_set_change_staged`: this rank has a process-set change staged.
-  Status RunRound(std::vector<Request> new_requests, bool request_shutdown,
-                  bool process_set_change_staged, RoundOutcome* outcome);
+  // round.
+  Status RunRound(std::vector<Request> new_requests, const RoundInputs& inputs,
+                  RoundOutcome* outcome);
 
   // Local requests not yet answered.
   size_t num_pending() const { return pending_.size(); }
@@ -77,14 +102,18 @@ class Controller {
     int64_t invalid = 0;          // cache words, inverted
     int64_t shutdown_ranks = 0;   // rank words, inverted
     int64_t agreed = 0;           // one word, AND: flags every rank must raise
+    int64_t root = 0;             // root words: rank 0's values, all ones elsewhere
     int64_t total = 0;
   };
 
-  std::vector<uint64_t> BuildBits(bool request_shutdown, bool change_staged,
-                                  Clock::time_point now);
+  std::vector<uint64_t> BuildBits(const RoundInputs& inputs, Clock::time_point now);
   void TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOutcome* outcome);
   Status Negotiate(Clock::time_point now, RoundOutcome* outcome);
-  void RemovePending(const std::string& name);
+  // Fills outcome->waited_us (collective over the transport).
+  Status ReportReadiness(RoundOutcome* outcome);
+  // Removes the pending request for `name`; returns when it was submitted
+  // here (a default time point when this rank never submitted it).
+  Clock::time_point RemovePending(const std::string& name);
 
   Transport* transport_;
   const Config& config_;
@@ -93,6 +122,9 @@ class Controller {
   BitLayout layout_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::vector<Pending> pending_;              // in local submission order
+  // This round's responses' submission times here, parallel to
+  // outcome->responses.
+  std::vector<Clock::time_point> submitted_;
   int64_t negotiation_rounds_ = 0;
 };
 

@@ -3,22 +3,29 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "cc/logging.h"
 
 namespace tfring {
 namespace {
 
+// Job-scope knobs are numbers; the process-scope ones (which never travel)
+// include strings, so these compile to nothing for them.
 template <typename T>
 void Append(std::string* bytes, const T& value) {
-  bytes->append(reinterpret_cast<const char*>(&value), sizeof(value));
+  if constexpr (std::is_trivially_copyable_v<T>) {
+    bytes->append(reinterpret_cast<const char*>(&value), sizeof(value));
+  }
 }
 
 // Reads the value at `*offset` (the caller checked the length) and moves on.
 template <typename T>
 void Read(const std::string& bytes, size_t* offset, T* value) {
-  std::memcpy(value, bytes.data() + *offset, sizeof(T));
-  *offset += sizeof(T);
+  if constexpr (std::is_trivially_copyable_v<T>) {
+    std::memcpy(value, bytes.data() + *offset, sizeof(T));
+    *offset += sizeof(T);
+  }
 }
 
 template <typename T>

@@ -24,6 +24,7 @@
 #include "cc/process_set_checks.h"
 #include "cc/process_set_registry.h"
 #include "cc/tensor_queue.h"
+#include "cc/timeline.h"
 
 namespace tfring {
 namespace {
@@ -41,6 +42,11 @@ struct CoreState {
   Topology topology;
   Config config;  // agreed at init; the loop keeps a reference
   bool finalize_hook_installed = false;
+  // Rank 0's timeline (the loop borrows it; it outlives every loop).
+  Timeline timeline;
+  // TFRING_TIMELINE starts the timeline at the first init only, so a later
+  // init does not overwrite the file.
+  bool environment_timeline_started = false;
 };
 
 CoreState& State() {
@@ -93,7 +99,22 @@ Status ShutdownLocked(CoreState& state) {
   state.loop->RequestShutdown();
   state.loop->Join();
   DiscardLocked(state);
+  state.timeline.Stop();
   return Status::OK();
+}
+
+// TFRING_TIMELINE, on rank 0 at the first init. A path that cannot be
+// written is reported, and the job runs without a timeline.
+void StartEnvironmentTimeline(CoreState& state) {
+  if (state.environment_timeline_started || state.config.timeline.empty()) return;
+  state.environment_timeline_started = true;
+  if (state.topology.rank != 0) return;
+  const Status started = state.timeline.Start(state.config.timeline,
+                                              state.config.timeline_mark_cycles != 0,
+                                              state.topology.size);
+  if (!started.ok()) {
+    TFRING_LOG(kWarning, started.message() << " (TFRING_TIMELINE); running without a timeline.");
+  }
 }
 
 int OnMpiFinalize(MPI_Comm, int, void*, void*) {
@@ -157,13 +178,15 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   InstallFinalizeHook(state);
   state.queue = std::make_shared<TensorQueue>();
   state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
-                                                state.config, state.registry.get());
+                                                state.config, state.registry.get(),
+                                                &state.timeline);
   for (const auto& [id, ranks] : state.registry->Sets()) {
     if (id == 0) continue;
     std::unique_ptr<MpiTransport> member;
     TFRING_RETURN_IF_ERROR(MpiTransport::CreateSubset(state.control->comm(), ranks, &member));
     if (member) state.loop->AddProcessSet(id, ranks, std::move(member));
   }
+  StartEnvironmentTimeline(state);
   return state.loop->Start();
 }
 
@@ -360,6 +383,21 @@ Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
     }
   }
   return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)});
+}
+
+Status StartTimeline(const std::string& path, bool mark_cycles) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (!state.loop || !state.loop->running()) return Status::FailedPrecondition(kNotInitialized);
+  if (state.topology.rank != 0) return Status::OK();
+  return state.timeline.Start(path, mark_cycles, state.topology.size);
+}
+
+Status StopTimeline() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  state.timeline.Stop();
+  return Status::OK();
 }
 
 const void* CoreStateAddress() { return &State(); }

@@ -25,6 +25,8 @@ from tfring.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from tfring.alltoall_reducescatter import (
     alltoall,

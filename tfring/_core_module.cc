@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "cc/api.h"
@@ -126,6 +127,24 @@ PYBIND11_MODULE(_core, m) {
         ThrowIfError(status);
       },
       "Stops the background thread in step with the other ranks.");
+  m.def(
+      "start_timeline",
+      [](const std::string& path, bool mark_cycles) {
+        ThrowIfError(tfring::StartTimeline(path, mark_cycles));
+      },
+      py::arg("path"), py::arg("mark_cycles") = false,
+      "Rank 0 starts writing the timeline to `path` (other ranks: no-op).");
+  m.def(
+      "stop_timeline",
+      [] {
+        tfring::Status status;
+        {
+          py::gil_scoped_release release;  // waits for the writer thread
+          status = tfring::StopTimeline();
+        }
+        ThrowIfError(status);
+      },
+      "Closes the timeline file.");
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
   m.def("rank", [] { return RequireTopology().rank; });

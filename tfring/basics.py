@@ -176,6 +176,30 @@ def _check_initialized(api_name):
         raise errors.not_initialized(api_name, _state["shut_down"])
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Starts recording a timeline of every collective into `file_path`.
+
+    Rank 0 writes the file (a Chrome trace-event JSON file: open it in
+    https://ui.perfetto.dev or chrome://tracing, or summarise it with
+    `python -m tfring.timeline FILE`); on the other ranks this call does
+    nothing, so it may be called on every rank or on rank 0 alone. A
+    recording in progress is closed first. With `mark_cycles=True` each
+    background-loop cycle that ran collectives is marked too.
+    """
+    _check_initialized("start_timeline")
+    _core.start_timeline(os.fspath(file_path), bool(mark_cycles))
+
+
+def stop_timeline():
+    """Stops the timeline and closes its file (valid JSON from then on).
+
+    Does nothing when no timeline records. The file is also closed by
+    `shutdown()`, at interpreter exit, and when a failure stops the job.
+    """
+    _check_initialized("stop_timeline")
+    _core.stop_timeline()
+
+
 def size():
     """The number of processes taking part."""
     _check_initialized("tfring.size()")
