@@ -4,6 +4,7 @@ Each case starts a 2- or 3-rank job in which the last rank fails while the
 others wait in a collective, and asserts the survivors report the documented
 error within a bound (or mpirun ends the job), never a hang.
 """
+import json
 import os
 import re
 import sys
@@ -27,9 +28,15 @@ def _run(mode, ranks, extra_env=None):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_uncaught_exception_on_one_rank_aborts_the_others(ranks):
-    result = _run("exception", ranks)
+def test_uncaught_exception_on_one_rank_aborts_the_others(ranks, tmp_path):
+    # With a timeline recording: the failure that stops the job closes it.
+    timeline = tmp_path / "timeline.json"
+    result = _run("exception", ranks, {"TFRING_TIMELINE": str(timeline)})
     assert not result.timed_out, result.describe()
+    with open(timeline) as f:
+        trace = json.load(f)
+    rows = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
+    assert "warmup" in rows, rows
     last = ranks - 1
     for rank in range(last):
         match = re.search(rf"rank {rank} ABORTED after ([0-9.]+) s: (.*)", result.output)

@@ -19,10 +19,11 @@ def test_every_config_knob_is_documented_with_its_default():
     listing = subprocess.run(
         [sys.executable, "-c",
          "import tfring._core as c\n"
-         "for e in c.config(): print(e['env'], e['default'])"],
+         "for e in c.config(): print(e['env'], e['default'], sep='\\t')"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for line in listing.splitlines():
-        env, default = line.split()
+        env, _, default = line.partition("\t")
+        default = default or '""'  # an empty string, as README shows it
         row = re.search(rf"^\| `{env}` \| ([^|]+) \|", README, re.MULTILINE)
         assert row, f"{env} is missing from README's environment table"
         assert row.group(1).strip() == default, (env, row.group(1), default)
