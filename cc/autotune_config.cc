@@ -63,7 +63,9 @@ std::unique_ptr<Autotuner> MakeAutotuner(const Config& config) {
   if (settings.fixed_cycle_time) start.cycle_time_ms = config.cycle_time_ms;
   settings.log_path = config.autotune_log;
   settings.warmup_samples = static_cast<int>(config.autotune_warmup_samples);
-  const auto at_least_one = [](int64_t value) { return static_cast<int>(std::max<int64_t>(1, value)); };
+  const auto at_least_one = [](int64_t value) {
+    return static_cast<int>(std::max<int64_t>(1, value));
+  };
   settings.cycles_per_sample = at_least_one(config.autotune_cycles_per_sample);
   settings.samples_per_trial = at_least_one(config.autotune_samples_per_trial);
   settings.max_trials = at_least_one(config.autotune_max_trials);

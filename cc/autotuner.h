@@ -64,10 +64,15 @@ struct AutotuneSettings {
   std::string log_path;          // CSV of every trial; empty: no log
   int warmup_samples = 3;        // samples discarded at the start (tracing, first steps)
   int cycles_per_sample = 10;    // cycles that moved data, per sample
-  int samples_per_trial = 3;     // a trial's score is the median of its samples (after one discarded transition sample)
+  // A trial's score is the median of its samples (after one discarded
+  // transition sample).
+  int samples_per_trial = 3;
   int max_trials = 20;           // then it settles on the best and stops
   double noise = 0.8;            // GP noise, relative to standardised scores
-  bool fixed_fusion_threshold = false, fixed_direct_threshold = false, fixed_cycle_time = false;  // set by the user: never changed
+  // Set by the user: never changed.
+  bool fixed_fusion_threshold = false;
+  bool fixed_direct_threshold = false;
+  bool fixed_cycle_time = false;
   int64_t max_fusion_threshold = 0;  // the reserved fusion buffer: never exceed it
   uint64_t seed = 1;
 };

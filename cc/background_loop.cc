@@ -105,14 +105,15 @@ Status BackgroundLoop::Join() {
   return exit_status_;
 }
 
-std::map<int32_t, std::vector<Request>> BackgroundLoop::TakeNewRequestsBySet() {
-  std::map<int32_t, std::vector<Request>> by_set;
-  for (Request& request : queue_->TakeNewRequests()) {
+std::map<int32_t, std::vector<SubmittedRequest>> BackgroundLoop::TakeNewRequestsBySet() {
+  std::map<int32_t, std::vector<SubmittedRequest>> by_set;
+  for (SubmittedRequest& submitted : queue_->TakeNewRequests()) {
+    const Request& request = submitted.request;
     const int32_t id = request.process_set_id;
     const bool known = std::any_of(sets_.begin(), sets_.end(),
                                    [id](const auto& set) { return set->id == id; });
     if (known) {
-      by_set[id].push_back(std::move(request));
+      by_set[id].push_back(std::move(submitted));
       continue;
     }
     TensorEntry entry = queue_->Take(request.name);
@@ -125,7 +126,7 @@ std::map<int32_t, std::vector<Request>> BackgroundLoop::TakeNewRequestsBySet() {
   return by_set;
 }
 
-Status BackgroundLoop::RunSet(SetRuntime& set, std::vector<Request> requests,
+Status BackgroundLoop::RunSet(SetRuntime& set, std::vector<SubmittedRequest> requests,
                               const RoundInputs& inputs, RoundOutcome* outcome) {
   Status status;
   try {
@@ -270,7 +271,7 @@ void BackgroundLoop::Run() {
     cycle_start_ = Clock::now();
     cycle_marked_ = false;
     ++cycle_;
-    std::map<int32_t, std::vector<Request>> requests = TakeNewRequestsBySet();
+    std::map<int32_t, std::vector<SubmittedRequest>> requests = TakeNewRequestsBySet();
 
     RoundInputs inputs;
     inputs.request_shutdown = shutdown_requested_.load() || set_asked_shutdown;

@@ -83,10 +83,10 @@ class BackgroundLoop {
   void Run();
   // This cycle's new requests, by process set. Requests of a set this rank
   // no longer has (removed meanwhile) fail here.
-  std::map<int32_t, std::vector<Request>> TakeNewRequestsBySet();
+  std::map<int32_t, std::vector<SubmittedRequest>> TakeNewRequestsBySet();
   // One round and its execution for `set`. A failure returned stops the loop.
-  Status RunSet(SetRuntime& set, std::vector<Request> requests, const RoundInputs& inputs,
-                RoundOutcome* outcome);
+  Status RunSet(SetRuntime& set, std::vector<SubmittedRequest> requests,
+                const RoundInputs& inputs, RoundOutcome* outcome);
   // Rank 0's announcement for the next global round.
   std::vector<uint64_t> RootWords() const;
   // Applies rank 0's announcement (every rank, after the same round).

@@ -156,7 +156,8 @@ void BayesianOptimizer::Fit() {
   double best_likelihood = -std::numeric_limits<double>::infinity();
   for (double length : kLengthScales) {
     std::vector<double> factor = FactorKernel(points_, length, noise_);
-    std::vector<double> alpha = BackSubstitute(factor, n, ForwardSubstitute(factor, n, standardised));
+    std::vector<double> alpha =
+        BackSubstitute(factor, n, ForwardSubstitute(factor, n, standardised));
     // log p(y) = -y^T alpha / 2 - sum log L_ii - n log(2 pi) / 2; the last
     // term is the same for every candidate.
     double likelihood = -0.5 * std::inner_product(standardised.begin(), standardised.end(),

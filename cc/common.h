@@ -8,6 +8,7 @@
 #ifndef TFRING_CC_COMMON_H_
 #define TFRING_CC_COMMON_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -95,6 +96,13 @@ struct Request {
   // The process set the collective runs in (0: every rank of the job). Ranks
   // in error messages and root_rank are the job's ranks, not the set's.
   int32_t process_set_id = 0;
+};
+
+// A request and the moment the framework handed it to the core: the stall
+// check and the timeline's readiness marks count from there.
+struct SubmittedRequest {
+  Request request;
+  std::chrono::steady_clock::time_point submitted;
 };
 
 }  // namespace tfring

@@ -122,14 +122,14 @@ void Controller::TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOut
   }
 }
 
-Status Controller::RunRound(std::vector<Request> new_requests, const RoundInputs& inputs,
-                            RoundOutcome* outcome) {
+Status Controller::RunRound(std::vector<SubmittedRequest> new_requests,
+                            const RoundInputs& inputs, RoundOutcome* outcome) {
   *outcome = RoundOutcome();
   submitted_.clear();
   const Clock::time_point now = Clock::now();
-  for (Request& request : new_requests) {
-    request.rank = world_ranks_[transport_->rank()];
-    pending_.push_back(Pending{std::move(request), now});
+  for (SubmittedRequest& submitted : new_requests) {
+    submitted.request.rank = world_ranks_[transport_->rank()];
+    pending_.push_back(Pending{std::move(submitted.request), submitted.submitted});
   }
 
   std::vector<uint64_t> bits = BuildBits(inputs, now);

@@ -78,7 +78,7 @@ class Controller {
 
   // Runs one round. `new_requests`: tensors enqueued locally since the last
   // round.
-  Status RunRound(std::vector<Request> new_requests, const RoundInputs& inputs,
+  Status RunRound(std::vector<SubmittedRequest> new_requests, const RoundInputs& inputs,
                   RoundOutcome* outcome);
 
   // Local requests not yet answered.

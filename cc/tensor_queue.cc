@@ -29,15 +29,15 @@ Status TensorQueue::Add(TensorEntry entry) {
         "pass a distinct name= to each call that runs concurrently, or wait for the first one "
         "to finish.");
   }
-  new_requests_.push_back(entry.request);
+  new_requests_.push_back(SubmittedRequest{entry.request, std::chrono::steady_clock::now()});
   in_flight_.emplace(name, std::move(entry));
   work_arrived_.notify_one();
   return Status::OK();
 }
 
-std::vector<Request> TensorQueue::TakeNewRequests() {
+std::vector<SubmittedRequest> TensorQueue::TakeNewRequests() {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Request> taken;
+  std::vector<SubmittedRequest> taken;
   taken.swap(new_requests_);
   return taken;
 }

@@ -40,7 +40,7 @@ class TensorQueue {
   // Fails if the queue is closed or the name is already in flight.
   Status Add(TensorEntry entry);
   // Requests added since the last call, in submission order.
-  std::vector<Request> TakeNewRequests();
+  std::vector<SubmittedRequest> TakeNewRequests();
   // Removes and returns the in-flight entry for `name` (must exist).
   TensorEntry Take(const std::string& name);
   // Like Take; false (and no entry) when `name` is not in flight here, as
@@ -57,7 +57,7 @@ class TensorQueue {
   std::mutex mutex_;
   std::condition_variable work_arrived_;
   std::unordered_map<std::string, TensorEntry> in_flight_;
-  std::vector<Request> new_requests_;
+  std::vector<SubmittedRequest> new_requests_;
   bool woken_ = false;
   bool closed_ = false;
   Status close_reason_;

@@ -10,13 +10,18 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <new>
 #include <stdexcept>
 #include <type_traits>
 #include <map>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
+
+#include <unistd.h>
 
 #include "cc/fusion_planner.h"
 #include "cc/reduce_kernels.h"
@@ -1024,6 +1029,72 @@ void TestJoin(int size) {
   });
 }
 
+// The autotuner switches the fusion and direct thresholds while tensors of
+// sizes on both sides of them are reduced in random orders: every result
+// must stay right (all ranks switch in the same round), and the log must
+// show that the thresholds did change.
+void TestAutotuneSwitching(int size) {
+  char log_template[] = "/tmp/tfring_autotune_XXXXXX";
+  const int fd = mkstemp(log_template);
+  EXPECT_TRUE(fd >= 0, "mkstemp");
+  close(fd);
+  Config config = TestConfig();
+  config.fusion_threshold = 4 * 1024 * 1024;
+  config.autotune = 1;  // rank 0's value decides
+  config.autotune_log = log_template;
+  config.autotune_warmup_samples = 0;
+  config.autotune_cycles_per_sample = 1;
+  config.autotune_samples_per_trial = 1;
+  config.autotune_max_trials = 12;
+  const int count = 10;
+  const int steps = 20;
+  LoopbackCluster cluster(size, config);
+  OnEveryRank(size, [&](int rank) {
+    std::mt19937 shuffle_rng(77 + rank);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<int> order(count);
+      for (int i = 0; i < count; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), shuffle_rng);
+      std::map<int, std::unique_ptr<Submitted>> submitted;
+      const auto elements_of = [](int i) -> int64_t { return int64_t{1} << (6 + i * 3 / 2); };
+      for (int i : order) {
+        std::vector<float> values(elements_of(i), float(rank + step));
+        submitted[i] = Submit(cluster.rank(rank),
+                              MakeRequest("tuned_" + std::to_string(i), CollectiveType::kAllreduce,
+                                          DataType::kFloat32, {elements_of(i)}),
+                              Bytes(values));
+      }
+      const float expected = size * (size - 1) / 2.0f + float(size) * step;
+      for (auto& [i, tensor] : submitted) {
+        Status status = Await(*tensor);
+        EXPECT_TRUE(status.ok(), status.message());
+        const std::vector<float> out = Values<float>(tensor->output, elements_of(i));
+        for (float value : out) {
+          EXPECT_TRUE(value == expected,
+                      "step " << step << " tensor " << i << ": " << value << " != " << expected);
+        }
+      }
+    }
+  });
+  cluster.Stop();
+  std::ifstream log(log_template);
+  std::set<std::string> thresholds;
+  std::string line;
+  std::getline(log, line);  // header
+  while (std::getline(log, line)) {
+    std::stringstream fields(line);
+    std::string trial, phase, fusion, direct;
+    std::getline(fields, trial, ',');
+    std::getline(fields, phase, ',');
+    std::getline(fields, fusion, ',');
+    std::getline(fields, direct, ',');
+    thresholds.insert(fusion + "/" + direct);
+  }
+  std::remove(log_template);
+  EXPECT_TRUE(thresholds.size() >= 3, "the autotuner tried " << thresholds.size()
+                                                              << " threshold pairs");
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -1046,6 +1117,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"fused_allgather", TestFusedAllgather},
       {"process_sets", TestProcessSets},
       {"join", TestJoin},
+      {"autotune_switching", TestAutotuneSwitching},
   };
   return scenarios;
 }
