@@ -141,16 +141,16 @@ Status BackgroundLoop::RunSet(SetRuntime& set, std::vector<SubmittedRequest> req
                            status.message() + ")");
   }
   if (set.id == 0) ApplyRootWords(outcome->root_words);
+  const std::unique_ptr<RoundTrace> trace = TraceFor(set, *outcome);
   // The cycle's mark goes ahead of its first op, into the same file.
-  if (!cycle_marked_ && !outcome->responses.empty() && timeline_ != nullptr &&
-      timeline_->mark_cycles()) {
+  if (trace && !cycle_marked_ && timeline_->mark_cycles()) {
     timeline_->RecordCycle(cycle_, cycle_start_);
     cycle_marked_ = true;
   }
   // Per-tensor failures only fail their tensors; what comes back is a
   // transport failure, after which the ranks cannot move data together.
-  const std::unique_ptr<RoundTrace> trace = TraceFor(set, *outcome);
   status = set.executor.Execute(outcome->responses, queue_, trace.get());
+  if (trace) timeline_->EndRound();
   if (!status.ok()) {
     return Status::Aborted("tfring stopped: a collective failed (" + status.message() + ")");
   }
@@ -196,8 +196,8 @@ std::unique_ptr<RoundTrace> BackgroundLoop::TraceFor(const SetRuntime& set,
                                                      const RoundOutcome& outcome) {
   // Only job rank 0 records, and only the sets it belongs to (where it is
   // the set's rank 0 too: set ranks are sorted).
-  if (timeline_ == nullptr || !timeline_->recording() || set.transport->rank() != 0 ||
-      set.ranks.front() != 0 || outcome.responses.empty()) {
+  if (timeline_ == nullptr || set.transport->rank() != 0 || set.ranks.front() != 0 ||
+      outcome.responses.empty() || !timeline_->BeginRound()) {
     return nullptr;
   }
   auto trace = std::make_unique<RoundTrace>();

@@ -92,7 +92,8 @@ class BackgroundLoop {
   // Applies rank 0's announcement (every rank, after the same round).
   void ApplyRootWords(const std::vector<uint64_t>& words);
   // Rank 0, while its timeline records a round of `set`: what the executor
-  // needs to record it (null otherwise).
+  // needs to record it (null otherwise). Non-null: the timeline's round has
+  // begun (Timeline::BeginRound); the caller ends it.
   std::unique_ptr<RoundTrace> TraceFor(const SetRuntime& set, const RoundOutcome& outcome);
   // Applies the staged process-set change (every rank applies it in the
   // same cycle).

@@ -90,16 +90,7 @@ Timeline::~Timeline() { Stop(); }
 
 Status Timeline::Start(const std::string& path, bool mark_cycles, int size) {
   std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
-  if (writer_.joinable()) {
-    // Restarting: finish the current file first.
-    recording_ = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_writer_ = true;
-    }
-    wake_writer_.notify_one();
-    writer_.join();
-  }
+  StopWriterLocked();  // restarting: finish the current file first
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
     return Status::InvalidArgument("tfring timeline: cannot write '" + path + "' (" +
@@ -114,30 +105,53 @@ Status Timeline::Start(const std::string& path, bool mark_cycles, int size) {
   dropped_ = 0;
   std::fputs("{\"traceEvents\":[\n", file_);
   Emit(RowMetadata(kCycleRow, "cycles"));
+  mark_cycles_ = mark_cycles;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.clear();
     stop_writer_ = false;
+    writer_running_ = true;
     path_ = path;
+    recording_ = true;
   }
-  mark_cycles_ = mark_cycles;
   writer_ = std::thread([this] { WriterLoop(); });
-  recording_ = true;
   return Status::OK();
 }
 
 void Timeline::Stop() {
   std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
+  StopWriterLocked();
+}
+
+void Timeline::StopWriterLocked() {
   if (!writer_.joinable()) return;
-  recording_ = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    recording_ = false;  // no new rounds
+    round_ended_.wait_for(lock, std::chrono::seconds(1),
+                          [this] { return rounds_in_flight_ == 0; });
     stop_writer_ = true;
   }
   wake_writer_.notify_one();
   writer_.join();
   std::lock_guard<std::mutex> lock(mutex_);
+  writer_running_ = false;
   path_.clear();
+}
+
+bool Timeline::BeginRound() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording_) return false;
+  ++rounds_in_flight_;
+  return true;
+}
+
+void Timeline::EndRound() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --rounds_in_flight_;
+  }
+  round_ended_.notify_all();
 }
 
 std::string Timeline::path() const {
@@ -160,10 +174,9 @@ void Timeline::RecordCycle(int64_t cycle, TimelineClock::time_point start) {
 }
 
 void Timeline::Push(Item item) {
-  if (!recording()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_writer_) return;
+    if (!writer_running_ || stop_writer_) return;
     if (queue_.size() >= kMaxQueued) {
       ++dropped_;
       return;

@@ -79,6 +79,14 @@ class Timeline {
   void Stop();
 
   bool recording() const { return recording_.load(std::memory_order_relaxed); }
+
+  // Background thread: a round that will send records begins / ends. False
+  // (and no round) when not recording. Stop waits for a round in progress,
+  // whose callbacks may already have returned control to the caller of
+  // stop_timeline() before its records were handed over (at most a second,
+  // in case Stop is called from within such a callback).
+  bool BeginRound();
+  void EndRound();
   bool mark_cycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
   // The path being written, or empty.
   std::string path() const;
@@ -96,6 +104,9 @@ class Timeline {
     TensorTrace tensor;
   };
   void Push(Item item);
+  // Stops recording, waits for rounds in progress, stops the writer thread
+  // (which closes the file). Holding lifecycle_mutex_.
+  void StopWriterLocked();
   void WriterLoop();
   void Write(const Item& item);
   void WriteTensor(const TensorTrace& trace);
@@ -111,6 +122,9 @@ class Timeline {
   mutable std::mutex mutex_;  // guards the queue, file_ handover and path_
   std::condition_variable wake_writer_;
   std::deque<Item> queue_;
+  std::condition_variable round_ended_;
+  int rounds_in_flight_ = 0;
+  bool writer_running_ = false;
   bool stop_writer_ = false;
   std::thread writer_;
   std::atomic<bool> recording_{false};

@@ -1,12 +1,23 @@
 # Runs the size-agnostic tests in tests/distributed at 1, 2 and 3 ranks.
 #
 # Why a driver: those files need an MPI job around them; this file runs in
-# plain pytest and starts one job per (world size, file), with a timeout, so
-# `pytest tests` covers everything and a hang becomes a failure that shows
-# the tail of every rank's output.
+# plain pytest and starts MPI jobs with a timeout, so `pytest tests` covers
+# everything and a hang becomes a failure that shows the tail of every
+# rank's output.
+#
+# Why groups of files: every job pays Python, TensorFlow and tfring
+# start-up on every rank (several seconds on two shared cores), which was
+# most of the suite's time with one job per file. So each job runs a group
+# of files in one pytest session; the group's files are in the test id, and
+# a failure report starts with the failing rank's file and test. The files
+# restore what they change (tfring's init and process sets, the Keras dtype
+# policy), which is what lets them share a process; OWN_PROCESS lists the
+# files that cannot, and why.
 
+import math
 import os
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -18,9 +29,42 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 DISTRIBUTED = REPO / "tests" / "distributed"
 FILES = sorted(p.name for p in DISTRIBUTED.glob("test_*.py"))
 WORLD_SIZES = (1, 2, 3)
-TIMEOUT_SECONDS = 900
-# pytest dumps every thread's stack if one test runs this long (a hang).
+# At most this many files per job: small enough that a failure points at a
+# short list and one job stays well inside its timeout, large enough that
+# start-up is paid only a few times per world size.
+MAX_FILES_PER_GROUP = 7
+# A job's timeout: a base for start-up plus a share per file (several
+# times what a file takes at 3 ranks on two busy cores), so a hang ends.
+TIMEOUT_BASE_SECONDS = 300
+TIMEOUT_PER_FILE_SECONDS = 150
+# pytest dumps every thread's stack if one test runs this long (a hang);
+# shorter than any job's timeout, so the dump names the hanging test.
 STACK_DUMP_SECONDS = 300
+
+
+def _groups(files, max_size):
+    """`files` (sorted) cut into the fewest runs of consecutive files of at
+    most `max_size`, of near-equal length; new files join automatically."""
+    count = max(1, math.ceil(len(files) / max_size))
+    size, extra = divmod(len(files), count)
+    groups, start = [], 0
+    for i in range(count):
+        end = start + size + (i < extra)
+        groups.append(tuple(files[start:end]))
+        start = end
+    return [g for g in groups if g]
+
+
+def _group_id(group):
+    return "+".join(name[len("test_"):-len(".py")] for name in group)
+
+
+# Files that cannot share a process with other files, and why; each runs
+# in a job of its own. (None today: every file restores what it changes.)
+OWN_PROCESS = set()
+GROUPS = (_groups([f for f in FILES if f not in OWN_PROCESS],
+                  MAX_FILES_PER_GROUP)
+          + [(f,) for f in FILES if f in OWN_PROCESS])
 
 
 def _env(**extra):
@@ -30,34 +74,58 @@ def _env(**extra):
     return env
 
 
-def _run_pytest(path, num_ranks, env):
+def _run_pytest(files, num_ranks, env):
+    """One job: pytest on `files` (names in tests/distributed) at
+    `num_ranks` ranks; stops at the first failure (conftest aborts every
+    rank then)."""
     argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p",
             "no:cacheprovider", "-o",
-            f"faulthandler_timeout={STACK_DUMP_SECONDS}", str(path)]
-    return mpi_launch.launch(argv, num_ranks, TIMEOUT_SECONDS, env=env,
+            f"faulthandler_timeout={STACK_DUMP_SECONDS}"]
+    argv += [str(DISTRIBUTED / name) for name in files]
+    timeout = TIMEOUT_BASE_SECONDS + TIMEOUT_PER_FILE_SECONDS * len(files)
+    return mpi_launch.launch(argv, num_ranks, timeout, env=env,
                              cwd=str(REPO))
 
 
+# Lines that name a failing test: conftest's banner on the rank that
+# aborted the job, pytest's short summary at one rank, and a test file's
+# frames in the stack dump of a hang.
+_FAILURE_LINE = re.compile(
+    r"^\s*(===== tfring test .* on rank .*|(FAILED|ERROR) \S+\.py::.*"
+    r'|File ".*/distributed/test_\w+\.py", line \d+ in \w+)\s*$',
+    re.MULTILINE)
+
+
+def _report(result):
+    """describe(), led by the lines that name the failing file and test (a
+    long traceback or other ranks' output can push them out of the tail)."""
+    lines = dict.fromkeys(m[0] for m in _FAILURE_LINE.findall(result.output))
+    head = ("failing tests:\n" + "\n".join(lines) + "\n") if lines else ""
+    return head + result.describe()
+
+
+def _assert_passed(result):
+    assert result.returncode == 0 and not result.timed_out, _report(result)
+
+
 @pytest.mark.parametrize("num_ranks", WORLD_SIZES)
-@pytest.mark.parametrize("test_file", FILES)
-def test_distributed(test_file, num_ranks):
-    result = _run_pytest(DISTRIBUTED / test_file, num_ranks, _env())
-    assert result.returncode == 0 and not result.timed_out, result.describe()
+@pytest.mark.parametrize("files", [pytest.param(g, id=_group_id(g))
+                                   for g in GROUPS])
+def test_distributed(files, num_ranks):
+    _assert_passed(_run_pytest(files, num_ranks, _env()))
 
 
 def test_collectives_with_small_fusion_threshold():
     # Sizes just under, at and over a 4 KiB threshold, alone and in batches.
-    result = _run_pytest(DISTRIBUTED / "test_collectives.py", 3,
-                         _env(TFRING_FUSION_THRESHOLD="4096"))
-    assert result.returncode == 0 and not result.timed_out, result.describe()
+    _assert_passed(_run_pytest(["test_collectives.py"], 3,
+                               _env(TFRING_FUSION_THRESHOLD="4096")))
 
 
 def test_process_sets_at_four_ranks():
     # Two disjoint sets of two ranks, {0, 1} and {2, 3}, running different
     # collectives interleaved with global ones (the tests that need 4 ranks
     # skip at 1, 2 and 3).
-    result = _run_pytest(DISTRIBUTED / "test_process_sets.py", 4, _env())
-    assert result.returncode == 0 and not result.timed_out, result.describe()
+    _assert_passed(_run_pytest(["test_process_sets.py"], 4, _env()))
 
 
 _NO_SHUTDOWN_SCRIPT = textwrap.dedent("""

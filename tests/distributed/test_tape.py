@@ -205,12 +205,16 @@ def test_eager_wrapper_per_step_does_not_retrace(size, rank):
     w, b, _ = _variables()
     x, y = _data(rank)
     tapes = []
+    traced = []
     for _ in range(4):
         with tf.GradientTape() as tape:
             loss = _loss(w, b, x, y)
         tape = tfring.DistributedGradientTape(tape, op=tfring.Sum)
         tape.gradient(loss, [w, b])
         tapes.append(tape)
+        traced.append(tape._eager_reduce.experimental_get_tracing_count())
     fn = tapes[0]._eager_reduce
     assert all(t._eager_reduce is fn for t in tapes)
-    assert fn.experimental_get_tracing_count() == 1
+    # The function is shared by every tape of the process (earlier tests may
+    # have traced it for other shapes): steps after the first trace nothing.
+    assert traced[0] >= 1 and traced[1:] == [traced[0]] * 3, traced
