@@ -13,9 +13,11 @@ batches, copies into/out of the fusion buffer, the communication itself and the
 framework callbacks. It reports how well tensors were fused into batches, and
 lists the slowest tensors with the rank that kept the others waiting.
 
-The module only needs the standard library (matplotlib for --plot), and never
-imports TensorFlow or the native core, so it also runs on a laptop copy of a
-timeline written on a cluster.
+This file only needs the standard library (matplotlib for --plot), and never
+imports TensorFlow or the native core: where tfring is not installed (a laptop
+with a timeline copied from a cluster), run it as
+`python timeline.py FILE` (`python -m tfring.timeline` imports the tfring
+package, and with it TensorFlow).
 """
 
 import argparse
