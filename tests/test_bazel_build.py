@@ -2,7 +2,8 @@
 
 Runs tools/bazel_build.sh, which installs Debian's bazel-bootstrap when it is
 missing, builds //:tfring_core, //:tfring_core_module and //:tfring_ops, and
-runs //tests/cc:core_logic_test. CI must build it; set TFRING_SKIP_BAZEL=1 to
+runs the C++ tests in tests/cc (core logic, output pool, autotuner,
+shared-memory allreduce). CI must build it; set TFRING_SKIP_BAZEL=1 to
 skip it locally (a cold build takes about a minute).
 """
 

@@ -24,8 +24,10 @@ echo "[bazel] bazel build ${targets[*]}"
 bazel build --noshow_progress "${targets[@]}"
 
 if compgen -G "tests/cc/*.cc" >/dev/null; then
-  echo "[bazel] bazel test //tests/cc:core_logic_test"
-  bazel test --noshow_progress //tests/cc:core_logic_test
+  tests=(//tests/cc:core_logic_test //tests/cc:free_buffer_cache_test
+         //tests/cc:autotune_test //tests/cc:shm_allreduce_test)
+  echo "[bazel] bazel test ${tests[*]}"
+  bazel test --noshow_progress "${tests[@]}"
 else
   echo "[bazel] no tests/cc/*.cc yet: skipping //tests/cc:core_logic_test"
 fi
