@@ -1134,26 +1134,6 @@ int main(int argc, char** argv) {
   }
   const std::string which = argv[1];
   const int size = std::atoi(argv[2]);
-  if (which == "list") {
-    for (const auto& [name, fn] : Scenarios()) std::printf("%s\n", name.c_str());
-    return 0;
-  }
-  int failed = 0, ran = 0;
-  for (const auto& [name, fn] : Scenarios()) {
-    if (which != "all" && which != name) continue;
-    ++ran;
-    try {
-      fn(size);
-      std::printf("PASS %s size=%d\n", name.c_str(), size);
-    } catch (const TestFailure& failure) {
-      ++failed;
-      std::printf("FAIL %s size=%d: %s\n", name.c_str(), size, failure.message.c_str());
-    }
-    std::fflush(stdout);
-  }
-  if (ran == 0) {
-    std::fprintf(stderr, "unknown scenario '%s'\n", which.c_str());
-    return 2;
-  }
-  return failed == 0 ? 0 : 1;
+  return RunScenarios(Scenarios(), which, " size=" + std::to_string(size),
+                      [size](auto fn) { fn(size); });
 }

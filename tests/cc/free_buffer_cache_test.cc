@@ -289,32 +289,10 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Cases() {
 
 int main(int argc, char** argv) {
   using tfring::tf_ops::Cases;
-  using ::tfring::testing::TestFailure;
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <case|all|list>\n", argv[0]);
     return 2;
   }
   const std::string which = argv[1];
-  if (which == "list") {
-    for (const auto& [name, fn] : Cases()) std::printf("%s\n", name.c_str());
-    return 0;
-  }
-  int failed = 0, ran = 0;
-  for (const auto& [name, fn] : Cases()) {
-    if (which != "all" && which != name) continue;
-    ++ran;
-    try {
-      fn();
-      std::printf("PASS %s\n", name.c_str());
-    } catch (const TestFailure& failure) {
-      ++failed;
-      std::printf("FAIL %s: %s\n", name.c_str(), failure.message.c_str());
-    }
-    std::fflush(stdout);
-  }
-  if (ran == 0) {
-    std::fprintf(stderr, "unknown case '%s'\n", which.c_str());
-    return 2;
-  }
-  return failed == 0 ? 0 : 1;
+  return ::tfring::testing::RunScenarios(Cases(), which, "", [](auto fn) { fn(); });
 }

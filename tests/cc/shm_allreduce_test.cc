@@ -507,27 +507,5 @@ int main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  const std::string which = argv[1];
-  if (which == "list") {
-    for (const auto& [name, fn] : Scenarios()) std::printf("%s\n", name.c_str());
-    return 0;
-  }
-  int failed = 0, ran = 0;
-  for (const auto& [name, fn] : Scenarios()) {
-    if (which != "all" && which != name) continue;
-    ++ran;
-    try {
-      fn();
-      std::printf("PASS %s\n", name.c_str());
-    } catch (const TestFailure& failure) {
-      ++failed;
-      std::printf("FAIL %s: %s\n", name.c_str(), failure.message.c_str());
-    }
-    std::fflush(stdout);
-  }
-  if (ran == 0) {
-    std::fprintf(stderr, "unknown scenario '%s'\n", which.c_str());
-    return 2;
-  }
-  return failed == 0 ? 0 : 1;
+  return ::tfring::testing::RunScenarios(Scenarios(), argv[1], "", [](auto fn) { fn(); });
 }
