@@ -9,11 +9,11 @@ samples never count, and the CSV log is complete and within bounds (or
 missing, with one warning, when its path cannot be written).
 """
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cc_test_binary import compile_binary, run_scenario, scenario_names
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "tests" / "cc" / "autotune_test.cc"
@@ -24,29 +24,15 @@ SCENARIO_TIMEOUT_S = 60
 
 @pytest.fixture(scope="session")
 def autotune_binary(tmp_path_factory):
-    binary = tmp_path_factory.mktemp("autotune") / "autotune_test"
-    command = [os.environ.get("TFRING_CXX", "g++"), "-std=c++17", "-O1", "-g", "-Wall",
-               "-Werror", "-I", str(ROOT), "-o", str(binary), str(TEST_SOURCE),
-               *(str(ROOT / "cc" / name) for name in CORE_SOURCES)]
-    compiled = subprocess.run(command, capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr[-4000:]
-    return binary
+    return compile_binary(tmp_path_factory.mktemp("autotune") / "autotune_test", TEST_SOURCE,
+                          [ROOT / "cc" / name for name in CORE_SOURCES],
+                          flags=("-O1", "-g", "-Werror"))
 
 
-def _scenarios():
-    # The list lives in the C++ file; read it from the source so collection
-    # does not need a compiled binary.
-    table = TEST_SOURCE.read_text().split("scenarios = {", 1)[1].split("};", 1)[0]
-    return [line.split('"')[1] for line in table.splitlines() if '"' in line]
-
-
-@pytest.mark.parametrize("scenario", _scenarios())
+@pytest.mark.parametrize("scenario", scenario_names(TEST_SOURCE, "scenarios = {"))
 def test_autotune(autotune_binary, scenario, tmp_path):
     # The unwritable-log scenario reads the warning: keep warnings enabled
     # whatever the caller's environment says.
     env = dict(os.environ, TFRING_LOG_LEVEL="warning")
-    result = subprocess.run([str(autotune_binary), scenario, str(tmp_path)], capture_output=True,
-                            text=True, timeout=SCENARIO_TIMEOUT_S, env=env)
-    sys.stdout.write(result.stdout)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert f"PASS {scenario}" in result.stdout
+    run_scenario(autotune_binary, [scenario, str(tmp_path)], f"PASS {scenario}",
+                 SCENARIO_TIMEOUT_S, env=env)
