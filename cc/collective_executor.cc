@@ -327,7 +327,11 @@ TensorEntry CollectiveExecutor::JoinedStandIn(const Response& response) {
 Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& members) {
   const Request& first = members[0]->request;
   const int64_t element_size = DataTypeSize(first.dtype);
-  uint8_t* buffer = fusion_buffer_.get();
+  int64_t batch_bytes = 0;
+  for (const TensorEntry* entry : members) batch_bytes += FusionFootprint(ByteSize(entry->request));
+  // Packed straight into the transport's shared buffer where it has one.
+  uint8_t* buffer = static_cast<uint8_t*>(transport_->StagingBuffer(batch_bytes));
+  if (buffer == nullptr) buffer = fusion_buffer_.get();
 
   // Pack: each member at an aligned offset; the padding is zeroed so that no
   // uninitialised byte enters the reduction.

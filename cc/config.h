@@ -36,6 +36,16 @@ namespace tfring {
   X(int64_t, direct_threshold, "TFRING_DIRECT_THRESHOLD", 1024 * 1024, kJob,          \
     "Allreduces of at least this many bytes skip the fusion buffer and go "    \
     "straight from input to output (no copies).")                              \
+  X(int64_t, shm, "TFRING_SHM", 1, kJob,                                                 \
+    "1: ranks that share one host move data and negotiate through one shared-memory "     \
+    "segment instead of MPI. 0: MPI only.")                                                \
+  X(int64_t, shm_bytes, "TFRING_SHM_BYTES", 32LL * 1024 * 1024, kJob,                      \
+    "Bytes of each rank's slot in the shared-memory segment (the segment holds one per "  \
+    "local rank, in /dev/shm). Fused batches up to this size are reduced without a copy "  \
+    "in.")                                                                                 \
+  X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, kJob,                       \
+    "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
+    "the job fails; a peer that exited is noticed within milliseconds.")                   \
   X(int64_t, output_pool_bytes, "TFRING_OUTPUT_POOL_BYTES", 512LL * 1024 * 1024, kProcess,     \
     "At most this many bytes of freed collective outputs are kept for reuse, "   \
     "so each step's large outputs do not pay for fresh pages; the least "        \

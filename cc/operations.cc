@@ -23,6 +23,7 @@
 #include "cc/mpi_transport.h"
 #include "cc/process_set_checks.h"
 #include "cc/process_set_registry.h"
+#include "cc/shm_transport.h"
 #include "cc/tensor_queue.h"
 #include "cc/timeline.h"
 
@@ -33,6 +34,9 @@ struct CoreState {
   std::mutex lifecycle_mutex;  // serialises InitializeMpi and Shutdown
   std::mutex process_set_mutex;  // serialises AddProcessSet and RemoveProcessSet
   std::unique_ptr<MpiTransport> transport;
+  // The transport the loop uses for the global set: a shared-memory one over
+  // `transport` when the ranks share a host, else null (use `transport`).
+  std::unique_ptr<Transport> local_transport;
   // The caller's threads' own communicator, for process-set changes (the
   // background thread owns `transport`'s).
   std::shared_ptr<MpiTransport> control;
@@ -91,6 +95,7 @@ void DiscardLocked(CoreState& state) {
   state.queue.reset();
   state.registry.reset();
   state.control.reset();
+  state.local_transport.reset();
   state.transport.reset();
 }
 
@@ -160,6 +165,19 @@ Status BuildProcessSets(CoreState& state, const std::vector<std::vector<int>>& s
   return Status::OK();
 }
 
+// Collective over `comm`: the transport of the process set of `ranks` (job
+// ranks, sorted), shared memory over MPI where its ranks share a host; null
+// on ranks outside the set.
+Status CreateSetTransport(MPI_Comm comm, const std::vector<int>& ranks, const Config& config,
+                          std::unique_ptr<Transport>* transport) {
+  std::unique_ptr<MpiTransport> mpi;
+  TFRING_RETURN_IF_ERROR(MpiTransport::CreateSubset(comm, ranks, &mpi));
+  transport->reset();
+  if (!mpi) return Status::OK();
+  MpiTransport* inner = mpi.get();
+  return ShmTransport::Connect(inner, std::move(mpi), config, ranks, transport);
+}
+
 // Creates the transports over duplicates of `comm`, agrees on the job-wide
 // configuration and the process sets, and starts the loop; every step is
 // collective. On failure the caller discards what was created.
@@ -177,13 +195,18 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   TFRING_RETURN_IF_ERROR(BuildProcessSets(state, sets, dynamic));
   InstallFinalizeHook(state);
   state.queue = std::make_shared<TensorQueue>();
-  state.loop = std::make_unique<BackgroundLoop>(state.transport.get(), state.queue.get(),
+  std::vector<int> job_ranks(state.topology.size);
+  for (int r = 0; r < state.topology.size; ++r) job_ranks[r] = r;
+  TFRING_RETURN_IF_ERROR(ShmTransport::Connect(state.transport.get(), nullptr, state.config,
+                                               job_ranks, &state.local_transport));
+  Transport* global = state.local_transport ? state.local_transport.get() : state.transport.get();
+  state.loop = std::make_unique<BackgroundLoop>(global, state.queue.get(),
                                                 state.config, state.registry.get(),
                                                 &state.timeline);
   for (const auto& [id, ranks] : state.registry->Sets()) {
     if (id == 0) continue;
-    std::unique_ptr<MpiTransport> member;
-    TFRING_RETURN_IF_ERROR(MpiTransport::CreateSubset(state.control->comm(), ranks, &member));
+    std::unique_ptr<Transport> member;
+    TFRING_RETURN_IF_ERROR(CreateSetTransport(state.control->comm(), ranks, state.config, &member));
     if (member) state.loop->AddProcessSet(id, ranks, std::move(member));
   }
   StartEnvironmentTimeline(state);
@@ -196,6 +219,7 @@ struct ChangeContext {
   std::shared_ptr<MpiTransport> control;
   std::shared_ptr<ProcessSetRegistry> registry;
   int size = 0;
+  Config config;
 };
 
 Status TakeChangeContext(const std::string& what, ChangeContext* context) {
@@ -211,6 +235,7 @@ Status TakeChangeContext(const std::string& what, ChangeContext* context) {
   context->control = state.control;
   context->registry = state.registry;
   context->size = state.topology.size;
+  context->config = state.config;
   return Status::OK();
 }
 
@@ -257,9 +282,8 @@ Status AddProcessSet(const std::vector<int>& ranks, int32_t* id) {
   change.add = true;
   change.id = context.registry->next_id();
   change.ranks = ranks;
-  std::unique_ptr<MpiTransport> member;
-  TFRING_RETURN_IF_ERROR(MpiTransport::CreateSubset(context.control->comm(), ranks, &member));
-  change.transport = std::move(member);
+  TFRING_RETURN_IF_ERROR(
+      CreateSetTransport(context.control->comm(), ranks, context.config, &change.transport));
   const int32_t new_id = change.id;
   TFRING_RETURN_IF_ERROR(context.registry->StageAndWait(std::move(change)));
   *id = new_id;

@@ -10,6 +10,15 @@
 namespace tfring {
 namespace {
 
+// The element-wise loops are written to vectorise; GCC does so only from -O3
+// or when asked (its -O2 cost model rejects loops that need an aliasing
+// check or a scalar tail, which is all of these).
+#if defined(__GNUC__) && !defined(__clang__)
+#define TFRING_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define TFRING_VECTORIZE
+#endif
+
 // A 16-bit float stored as its bits, converted through float for arithmetic.
 struct HalfTraits {
   static float ToFloat(uint16_t bits) { return HalfToFloat(bits); }
@@ -32,7 +41,7 @@ T Combine(ReduceOp op, T a, T b) {
 }
 
 template <typename T>
-void ReduceTyped(ReduceOp op, const void* in, void* inout, int64_t count) {
+TFRING_VECTORIZE void ReduceTyped(ReduceOp op, const void* in, void* inout, int64_t count) {
   const T* src = static_cast<const T*>(in);
   T* dst = static_cast<T*>(inout);
   // Separate loops per op so each one vectorizes.
@@ -49,7 +58,7 @@ void ReduceTyped(ReduceOp op, const void* in, void* inout, int64_t count) {
 }
 
 template <typename Traits>
-void ReduceSixteenBit(ReduceOp op, const void* in, void* inout, int64_t count) {
+TFRING_VECTORIZE void ReduceSixteenBit(ReduceOp op, const void* in, void* inout, int64_t count) {
   const uint16_t* src = static_cast<const uint16_t*>(in);
   uint16_t* dst = static_cast<uint16_t*>(inout);
   for (int64_t i = 0; i < count; ++i) {
@@ -58,8 +67,64 @@ void ReduceSixteenBit(ReduceOp op, const void* in, void* inout, int64_t count) {
   }
 }
 
+// result = a op b, element-wise; result overlaps neither.
 template <typename T>
-void ScaleTyped(const void* src, void* dst, int64_t count, double factor, int64_t divisor) {
+TFRING_VECTORIZE void CombineTyped(ReduceOp op, const T* __restrict a, const T* __restrict b,
+                                   T* __restrict result, int64_t count) {
+  switch (op) {
+    case ReduceOp::kSum:
+      for (int64_t i = 0; i < count; ++i) result[i] = a[i] + b[i];
+      return;
+    case ReduceOp::kProduct:
+      for (int64_t i = 0; i < count; ++i) result[i] = a[i] * b[i];
+      return;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < count; ++i) result[i] = b[i] < a[i] ? b[i] : a[i];
+      return;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < count; ++i) result[i] = a[i] < b[i] ? b[i] : a[i];
+      return;
+    default: TFRING_CHECK(false, "unsupported reduction " << ReduceOpName(op));
+  }
+}
+
+template <typename T>
+void ReduceSourcesTyped(ReduceOp op, const void* const* sources, int num_sources, void* result,
+                        int64_t count) {
+  T* out = static_cast<T*>(result);
+  if (num_sources == 1) {
+    std::memcpy(out, sources[0], count * sizeof(T));
+    return;
+  }
+  CombineTyped<T>(op, static_cast<const T*>(sources[0]), static_cast<const T*>(sources[1]), out,
+                  count);
+  for (int s = 2; s < num_sources; ++s) ReduceTyped<T>(op, sources[s], out, count);
+}
+
+// 16-bit floats: widened into a float accumulator block by block, rounded
+// once at the end.
+template <typename Traits>
+TFRING_VECTORIZE void ReduceSourcesSixteenBit(ReduceOp op, const void* const* sources,
+                                              int num_sources, void* result, int64_t count) {
+  constexpr int64_t kBlock = 1024;
+  float accumulator[kBlock];
+  uint16_t* out = static_cast<uint16_t*>(result);
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t n = std::min(kBlock, count - begin);
+    const uint16_t* first = static_cast<const uint16_t*>(sources[0]) + begin;
+    for (int64_t i = 0; i < n; ++i) accumulator[i] = Traits::ToFloat(first[i]);
+    for (int s = 1; s < num_sources; ++s) {
+      const uint16_t* in = static_cast<const uint16_t*>(sources[s]) + begin;
+      for (int64_t i = 0; i < n; ++i) {
+        accumulator[i] = Combine(op, accumulator[i], Traits::ToFloat(in[i]));
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) out[begin + i] = Traits::FromFloat(accumulator[i]);
+  }
+}
+
+template <typename T>
+TFRING_VECTORIZE void ScaleTyped(const void* src, void* dst, int64_t count, double factor, int64_t divisor) {
   const T* in = static_cast<const T*>(src);
   T* out = static_cast<T*>(dst);
   if (std::is_floating_point<T>::value) {
@@ -86,7 +151,7 @@ void ScaleTyped(const void* src, void* dst, int64_t count, double factor, int64_
 }
 
 template <typename Traits>
-void ScaleSixteenBit(const void* src, void* dst, int64_t count, double factor, int64_t divisor) {
+TFRING_VECTORIZE void ScaleSixteenBit(const void* src, void* dst, int64_t count, double factor, int64_t divisor) {
   const uint16_t* in = static_cast<const uint16_t*>(src);
   uint16_t* out = static_cast<uint16_t*>(dst);
   const float typed_factor = static_cast<float>(factor / static_cast<double>(divisor));
@@ -110,6 +175,33 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_
     case DataType::kFloat16: return ReduceSixteenBit<HalfTraits>(op, in, inout, count);
     case DataType::kBFloat16: return ReduceSixteenBit<BFloat16Traits>(op, in, inout, count);
     case DataType::kBool: return ReduceTyped<uint8_t>(op, in, inout, count);
+  }
+}
+
+void ReduceSources(DataType dtype, ReduceOp op, const void* const* sources, int num_sources,
+                   void* result, int64_t count) {
+  TFRING_CHECK(num_sources >= 1, "no sources to reduce");
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kBool:
+      return ReduceSourcesTyped<uint8_t>(op, sources, num_sources, result, count);
+    case DataType::kInt8: return ReduceSourcesTyped<int8_t>(op, sources, num_sources, result, count);
+    case DataType::kUInt16:
+      return ReduceSourcesTyped<uint16_t>(op, sources, num_sources, result, count);
+    case DataType::kInt16:
+      return ReduceSourcesTyped<int16_t>(op, sources, num_sources, result, count);
+    case DataType::kInt32:
+      return ReduceSourcesTyped<int32_t>(op, sources, num_sources, result, count);
+    case DataType::kInt64:
+      return ReduceSourcesTyped<int64_t>(op, sources, num_sources, result, count);
+    case DataType::kFloat32:
+      return ReduceSourcesTyped<float>(op, sources, num_sources, result, count);
+    case DataType::kFloat64:
+      return ReduceSourcesTyped<double>(op, sources, num_sources, result, count);
+    case DataType::kFloat16:
+      return ReduceSourcesSixteenBit<HalfTraits>(op, sources, num_sources, result, count);
+    case DataType::kBFloat16:
+      return ReduceSourcesSixteenBit<BFloat16Traits>(op, sources, num_sources, result, count);
   }
 }
 

@@ -16,6 +16,13 @@ namespace tfring {
 // inout[i] = op(inout[i], in[i]) for i < count. op: Sum, Min, Max, Product.
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout, int64_t count);
 
+// result[i] = sources[0][i] op sources[1][i] op ... op sources[n-1][i],
+// folded in that order (so the same sources give the same bits everywhere).
+// float16 and bfloat16 accumulate in float and are rounded once. `result`
+// must not overlap a source; num_sources >= 1.
+void ReduceSources(DataType dtype, ReduceOp op, const void* const* sources, int num_sources,
+                   void* result, int64_t count);
+
 // dst[i] = src[i] * factor / divisor (src may equal dst); divisor >= 1.
 // Floating types multiply once by factor / divisor in their own precision
 // (16-bit floats through float). Integers are exact where they can be:

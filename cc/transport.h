@@ -59,6 +59,15 @@ class Transport {
   virtual Status ReduceScatter(const void* input, void* output,
                                const std::vector<int64_t>& counts, DataType dtype,
                                ReduceOp op) = 0;
+
+  // A buffer of at least `bytes` bytes that Allreduce(buffer, buffer, ...)
+  // reduces without copying it in first (shared memory the other ranks
+  // read), or null when this transport has none that big. Valid until the
+  // next call; the result is left in it.
+  virtual void* StagingBuffer(int64_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
 };
 
 }  // namespace tfring

@@ -1,0 +1,81 @@
+// ShmBarrier: a barrier among the ranks of one host, in shared memory.
+//
+// Why not MPI's: the shared-memory collectives (shm_collectives.h) meet once
+// or twice per operation and once per chunk of a large one; an MPI barrier
+// costs tens of microseconds there, a cache-line handshake well under one.
+//
+// How: every rank owns one cache line holding a 64-bit step counter that only
+// ever grows (published with release, read with acquire) and its pid. A rank
+// arrives by publishing its next step, and the barrier is passed when every
+// rank's counter reaches it. A waiting rank spins briefly (the others are
+// usually a few microseconds behind), then yields, then sleeps on a futex
+// that every arriving rank rings when someone sleeps: on a host with few
+// cores a spinning rank would steal the core of the rank it waits for, and a
+// timed sleep would add its whole length to the latency of small operations.
+//
+// Failures: while it sleeps, a waiting rank checks every few milliseconds
+// whether the missing ranks' processes still exist, and gives up with
+// Aborted naming a rank that exited. A wait with a time limit (a data
+// operation, whose peers are known to be in it already) also gives up when
+// the missing ranks make no progress for that long. Either way the barrier
+// refuses every later wait: the ranks' steps no longer match.
+//
+// Not thread-safe: one instance per rank, used by one thread.
+#ifndef TFRING_CC_SHM_BARRIER_H_
+#define TFRING_CC_SHM_BARRIER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/status.h"
+
+namespace tfring {
+
+class ShmBarrier {
+ public:
+  // Bytes of shared memory the barrier of `size` ranks needs (a multiple of
+  // 64 bytes).
+  static size_t Bytes(int size);
+
+  // Uses `area` (Bytes(size) bytes, 64-byte aligned, zero-filled when the
+  // segment was created, shared by the `size` ranks) as rank `rank`.
+  // `job_ranks[r]` names rank r in messages (the job's rank numbers).
+  ShmBarrier(void* area, int rank, int size, std::vector<int> job_ranks);
+
+  // Arrives and waits for every rank. `what` names the operation in errors.
+  // `timeout`: give up when the missing ranks do not arrive for that long;
+  // zero waits as long as they are alive.
+  Status Wait(const char* what, std::chrono::nanoseconds timeout);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Barriers this rank has passed.
+  uint64_t steps() const { return steps_; }
+
+ private:
+  struct alignas(64) RankLine;
+  struct alignas(64) Doorbell;
+
+  RankLine& Line(int rank) const;
+  Doorbell& Bell() const;
+  bool AllArrived(uint64_t target) const;
+  std::vector<int> Missing(uint64_t target) const;
+  // The missing ranks whose process no longer exists.
+  std::vector<int> Exited(const std::vector<int>& missing) const;
+  std::string Describe(const std::vector<int>& ranks) const;
+
+  char* const area_;
+  const int rank_;
+  const int size_;
+  const std::vector<int> job_ranks_;
+  uint64_t steps_ = 0;
+  Status broken_;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_SHM_BARRIER_H_
