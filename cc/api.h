@@ -105,6 +105,10 @@ TFRING_EXPORT Config EffectiveConfig();
 // Whether the MPI library provides MPI_THREAD_MULTIPLE.
 TFRING_EXPORT bool MpiThreadsSupported();
 
+// Whether the running job's ranks move data through shared memory
+// (shm_transport.h); false before init.
+TFRING_EXPORT bool SharedMemoryEnabled();
+
 // Hands one tensor to the background thread. Returns an error immediately
 // (and does not call `done`) if the core is not running or the name is
 // already in flight; otherwise `done` is called exactly once later.

@@ -341,6 +341,12 @@ Config EffectiveConfig() {
   return state.loop ? state.config : Config::FromEnvironment();
 }
 
+bool SharedMemoryEnabled() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return state.loop != nullptr && state.local_transport != nullptr;
+}
+
 bool MpiThreadsSupported() {
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);

@@ -56,6 +56,21 @@ def test_killed_rank_ends_the_job(ranks):
     assert "UNEXPECTED_SUCCESS" not in result.output
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rank_killed_inside_a_shared_memory_allreduce_ends_the_job(ranks):
+    result = _run("kill_in_allreduce", ranks)
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert "rank 0 SHM True" in result.output, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output
+    # mpirun usually ends the survivors first; a survivor that noticed the
+    # dead peer itself must have said which one.
+    last = ranks - 1
+    for match in re.finditer(r"rank \d+ ABORTED after [0-9.]+ s: (.*)", result.output):
+        assert f"rank {last}" in match.group(1), result.describe()
+        assert "exited" in match.group(1), result.describe()
+
+
 def test_stall_warning_names_missing_rank_then_completes():
     result = _run("stall", 3, {"TFRING_STALL_CHECK_TIME_SECONDS": "1"})
     assert result.returncode == 0 and not result.timed_out, result.describe()

@@ -23,6 +23,7 @@ from tfring.basics import (
     nccl_built,
     rank,
     rocm_built,
+    shm_enabled,
     shutdown,
     size,
     start_timeline,

@@ -147,6 +147,7 @@ PYBIND11_MODULE(_core, m) {
       "Closes the timeline file.");
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
+  m.def("shm_enabled", &tfring::SharedMemoryEnabled);
   m.def("rank", [] { return RequireTopology().rank; });
   m.def("size", [] { return RequireTopology().size; });
   m.def("local_rank", [] { return RequireTopology().local_rank; });

@@ -253,6 +253,14 @@ def mpi_enabled():
     return is_initialized()
 
 
+def shm_enabled():
+    """Whether the ranks move data and negotiate through one shared-memory
+    segment (all ranks on one host, TFRING_SHM not 0, and /dev/shm had room;
+    otherwise MPI carries everything)."""
+    _check_initialized("tfring.shm_enabled()")
+    return bool(_core.shm_enabled())
+
+
 def nccl_built():
     """The NCCL version tfring was built with, as an int; 0 without NCCL
     (always, for now). An int, as in Horovod."""

@@ -5,6 +5,10 @@ Usage: peer_failure.py <mode>
              atexit hook shuts tfring down); rank 0 must get AbortedError
              naming that rank.
   kill:      the last rank SIGKILLs itself; mpirun must end the job.
+  kill_in_allreduce: every rank runs 8 MiB allreduces (through shared
+             memory, chunk by chunk) in a loop; a thread of the last rank
+             SIGKILLs it in the middle of one. The job must end; a survivor
+             that notices first reports the dead rank by number.
   stall:     the last rank submits 'late_tensor' 3 s after the others; with
              TFRING_STALL_CHECK_TIME_SECONDS=1 rank 0 warns who is missing,
              then the collective completes.
@@ -12,6 +16,7 @@ Usage: peer_failure.py <mode>
 import os
 import signal
 import sys
+import threading
 import time
 
 import tensorflow as tf
@@ -30,6 +35,21 @@ if mode == "stall":
     result = hvd.allreduce(tf.constant(2.0), op=hvd.Sum, name="late_tensor")
     print(f"rank {hvd.rank()} STALL_DONE {float(result)}", flush=True)
     sys.exit(0)
+
+if mode == "kill_in_allreduce":
+    print(f"rank {hvd.rank()} SHM {hvd.shm_enabled()}", flush=True)
+    if hvd.rank() == last:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    data = tf.ones([2 * 1024 * 1024])
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < 60:
+            hvd.allreduce(data, op=hvd.Sum, name="big")
+        print(f"rank {hvd.rank()} UNEXPECTED_SUCCESS", flush=True)
+    except tf.errors.AbortedError as error:
+        print(f"rank {hvd.rank()} ABORTED after {time.monotonic() - start:.2f} s: "
+              f"{error.message}", flush=True)
+    sys.exit(1)
 
 if hvd.rank() == last:
     time.sleep(1)  # let the others block in the collective below
