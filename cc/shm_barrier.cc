@@ -35,10 +35,11 @@ struct alignas(64) ShmBarrier::Doorbell {
 
 namespace {
 
-// About a microsecond of polling before the first yield.
-constexpr int kSpins = 512;
-// Yield (let a peer sharing this core run) for this long before sleeping.
-constexpr std::chrono::microseconds kYieldFor{30};
+// A few microseconds of polling before sleeping: peers in step arrive
+// within that. No sched_yield phase: on a busy host a yielding thread can
+// wait a whole time slice behind TensorFlow's threads before it runs again,
+// while a futex wake-up puts it back at once.
+constexpr int kSpins = 128;
 // The longest single sleep: bounds how late a failed peer is noticed.
 constexpr std::chrono::milliseconds kLongestSleep{2};
 constexpr std::chrono::milliseconds kLivenessCheckEvery{10};
@@ -161,10 +162,6 @@ Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
   Clock::time_point next_liveness_check = start + kLivenessCheckEvery;
   while (!AllArrived(target)) {
     const Clock::time_point now = Clock::now();
-    if (now - start < kYieldFor) {
-      std::this_thread::yield();
-      continue;
-    }
     const std::string me = Describe({rank_});
     if (now >= next_liveness_check) {
       next_liveness_check = now + kLivenessCheckEvery;

@@ -8,10 +8,11 @@
 // ever grows (published with release, read with acquire) and its pid. A rank
 // arrives by publishing its next step, and the barrier is passed when every
 // rank's counter reaches it. A waiting rank spins briefly (the others are
-// usually a few microseconds behind), then yields, then sleeps on a futex
-// that every arriving rank rings when someone sleeps: on a host with few
-// cores a spinning rank would steal the core of the rank it waits for, and a
-// timed sleep would add its whole length to the latency of small operations.
+// usually a few microseconds behind), then sleeps on a futex that every
+// arriving rank rings when someone sleeps: on a host with few cores a
+// spinning (or yielding) rank would steal the core of the rank it waits for
+// or of TensorFlow, and a timed sleep would add its whole length to the
+// latency of small operations.
 //
 // Failures: while it sleeps, a waiting rank checks every few milliseconds
 // whether the missing ranks' processes still exist, and gives up with
