@@ -89,7 +89,8 @@ class ShmCollectives {
 
   // Every rank publishes `bytes` bytes. If every rank's fit in
   // kExchangeCapacity, *fits is true and (*views)[r] is rank r's message
-  // (valid until the second Exchange from now); otherwise *fits is false on
+  // (valid until this rank's next Exchange returns; a view may be passed as
+  // that call's data); otherwise *fits is false on
   // every rank and nothing was exchanged. A negotiation step: waits as long
   // as the peers are alive.
   Status Exchange(const void* data, size_t bytes,

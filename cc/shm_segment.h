@@ -1,6 +1,6 @@
 // ShmSegment: one POSIX shared-memory segment, mapped by the ranks of one host.
 //
-// Why a class of its own: the shared-memory allreduce (shm_allreduce.h) only
+// Why a class of its own: the shared-memory allreduce (shm_collectives.h) only
 // needs "a block of bytes every local rank sees"; creating, sizing, mapping
 // and cleaning that block up is where the operating system bites (a full
 // /dev/shm, a name left by a crashed job), so those errors are turned into

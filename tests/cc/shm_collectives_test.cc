@@ -1,34 +1,52 @@
-// Tests of the shared-memory allreduce engine (cc/shm_allreduce.h) and its
-// segment (cc/shm_segment.h), with ranks as threads of one process: thread 0
-// creates the segment, the others open it, then it is unlinked and each
-// thread drives its own ShmAllreduce over it.
+// Tests of the shared-memory engine: the collectives (cc/shm_collectives.h),
+// their barrier (cc/shm_barrier.h) and the segment (cc/shm_segment.h).
 //
-// Usage: shm_allreduce_test <scenario|all|list>
-//        shm_allreduce_test bench <ranks> <MiB> [chunk KiB]
+// How: every rank is a real process. The parent creates the segment and
+// forks the ranks; each Open()s the segment by name (so each maps it at an
+// address of its own) and attaches, and the parent unlinks the name once
+// all have opened it. A rank whose check fails writes why into memory it
+// shares with the parent and exits 1; its peers notice that through the
+// barrier (kill(pid, 0)) and fail too, so a failure ends a scenario in
+// milliseconds. The parent reaps the ranks as they end (a zombie would still
+// look alive to the barrier), reports the first one that failed (the cause;
+// the others usually fail because it ended) and SIGKILLs any still running
+// at its own deadline, so nothing hangs. Allreduce outputs land in memory
+// shared with the parent, which checks every rank's bytes against a
+// reference computed here and against rank 0's.
+//
+// Usage: shm_collectives_test <scenario|all|list>
+//        shm_collectives_test bench <ranks> <MiB> [slot KiB]
 // Prints "PASS <scenario>" or "FAIL <scenario>: why" per scenario and exits
-// non-zero if any failed; `bench` prints GB/s (no assertions). Driven from
-// tests/test_shm_allreduce.py.
+// non-zero if any failed; `bench` prints median and best times of a float32
+// Sum (chunked, chunked in place, staged) next to a memcpy of the same bytes
+// (no assertions). Driven from tests/test_shm_collectives.py.
 
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
+#include <new>
 #include <random>
+#include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cc/reduce_kernels.h"
-#include "cc/shm_allreduce.h"
+#include "cc/shm_barrier.h"
+#include "cc/shm_collectives.h"
 #include "cc/shm_segment.h"
 #include "tests/cc/expect.h"
 
@@ -37,85 +55,312 @@ namespace {
 
 using ::tfring::testing::TestFailure;
 using Bytes = std::vector<unsigned char>;
+using Clock = std::chrono::steady_clock;
+using Views = std::vector<std::pair<const char*, size_t>>;
 
-constexpr int64_t kLargeCount = 1000003;
-// Not a power of two, so chunk and slice boundaries fall at odd places.
-constexpr size_t kTestChunkBytes = 64 * 1000;
-constexpr std::chrono::nanoseconds kTestTimeout = std::chrono::seconds(20);
+// Small slots, so that modest data already takes many chunks (halves of
+// 32 KiB) and the slices of 2 or 3 ranks fall at odd places.
+constexpr size_t kTestSlotBytes = 64 * 1024;
+constexpr int64_t kLargeCount = 200003;
+// The data timeout of the scenarios that expect no failure: a failing rank
+// exits, which its peers notice long before.
+constexpr std::chrono::nanoseconds kDataTimeout = std::chrono::seconds(20);
+constexpr int kMaxRanks = 4;
+constexpr size_t kMessageBytes = 4096;
+// Job rank numbers unlike the local ones, to check which the messages use.
+const std::vector<int> kJobRanks = {4, 7, 9, 12};
+constexpr unsigned char kFill = 0xAB;
+constexpr size_t kGuard = 64;
+
+const DataType kDtypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
+                            DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
+                            DataType::kFloat32, DataType::kFloat64};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+void SleepMs(int ms) { usleep(static_cast<useconds_t>(ms) * 1000); }
 
 std::string UniqueName() {
-  static std::atomic<int> counter{0};
+  static int counter = 0;
   return "/tfring_shm_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++);
 }
 
-// Blocks until `count` threads have arrived (reusable).
-class ThreadBarrier {
- public:
-  explicit ThreadBarrier(int count) : count_(count) {}
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint64_t generation = generation_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      ++generation_;
-      changed_.notify_all();
-      return;
-    }
-    changed_.wait(lock, [&] { return generation_ != generation; });
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool Contains(const Status& status, const std::string& part) {
+  return Contains(status.message(), part);
+}
+
+// Deterministic bytes for (seed, length).
+Bytes Pattern(uint64_t seed, size_t bytes) {
+  Bytes out(bytes);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  for (size_t i = 0; i < bytes; ++i) {
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    out[i] = static_cast<unsigned char>(x >> 24);
   }
+  return out;
+}
+
+// Index of the first byte where a and b differ, -1 if none.
+int64_t FirstDifference(const void* a, const void* b, size_t bytes) {
+  if (bytes == 0 || std::memcmp(a, b, bytes) == 0) return -1;
+  const unsigned char* x = static_cast<const unsigned char*>(a);
+  const unsigned char* y = static_cast<const unsigned char*>(b);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (x[i] != y[i]) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+bool AllBytesAre(const void* data, size_t bytes, unsigned char value) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  return std::all_of(p, p + bytes, [&](unsigned char c) { return c == value; });
+}
+
+std::string Hex(const void* data, size_t bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string text = "0x";
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = bytes; i-- > 0;) {  // little-endian: most significant first
+    text += kDigits[p[i] >> 4];
+    text += kDigits[p[i] & 15];
+  }
+  return text;
+}
+
+void ExpectSameBytes(const void* expected, const void* got, size_t bytes,
+                     const std::string& what) {
+  const int64_t at = FirstDifference(expected, got, bytes);
+  EXPECT_TRUE(at < 0, what << ": byte " << at << " of " << bytes << " is "
+                           << Hex(static_cast<const char*>(got) + at, 1) << ", expected "
+                           << Hex(static_cast<const char*>(expected) + at, 1));
+}
+
+// --- Processes ---
+
+// Anonymous memory shared with the processes forked after it is made.
+class SharedMemory {
+ public:
+  explicit SharedMemory(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+    data_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (data_ == MAP_FAILED) {
+      throw TestFailure{"mmap of " + std::to_string(bytes_) + " bytes: " + std::strerror(errno)};
+    }
+  }
+  ~SharedMemory() { munmap(data_, bytes_); }
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+  char* data() const { return static_cast<char*>(data_); }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  const int count_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
+  size_t bytes_;
+  void* data_;
 };
 
-// Runs body(rank, allreduce) on `size` threads over one fresh segment and
-// rethrows the first failure.
-void RunRanks(int size, size_t chunk_bytes, std::chrono::nanoseconds timeout,
-              const std::function<void(int, ShmAllreduce&)>& body) {
-  const std::string name = UniqueName();
-  const size_t bytes = ShmAllreduce::SegmentBytes(size, chunk_bytes);
-  ThreadBarrier barrier(size);
-  std::mutex failure_mutex;
-  std::string failure;
-  auto record = [&](const std::string& message) {
-    std::lock_guard<std::mutex> lock(failure_mutex);
-    if (failure.empty()) failure = message;
-  };
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      std::unique_ptr<ShmSegment> segment;
-      Status created;
-      if (rank == 0) created = ShmSegment::Create(name, bytes, &segment);
-      barrier.Wait();
-      if (rank != 0) created = ShmSegment::Open(name, bytes, &segment);
-      barrier.Wait();
-      if (rank == 0 && created.ok()) created = segment->Unlink();
-      if (!created.ok()) {
-        record("rank " + std::to_string(rank) + ": " + created.message());
-        return;  // the others then time out rather than hang
-      }
-      std::unique_ptr<ShmAllreduce> allreduce;
-      Status attached =
-          ShmAllreduce::Attach(segment->data(), segment->size(), rank, size, chunk_bytes,
-                               timeout, &allreduce);
-      if (!attached.ok()) {
-        record(attached.message());
-        return;
-      }
-      try {
-        body(rank, *allreduce);
-      } catch (const TestFailure& f) {
-        record("rank " + std::to_string(rank) + ": " + f.message);
-      }
-    });
+// What the parent and its rank processes share besides the segment.
+struct Shared {
+  std::atomic<int> opened;            // ranks that have mapped the segment
+  std::atomic<int> finished;          // ranks whose body returned or threw
+  std::atomic<int64_t> killed_at_ns;  // when the parent SIGKILLed a rank (NowNs)
+  char messages[kMaxRanks][kMessageBytes];
+};
+
+// Waits (in a rank) until `count` ranks have finished; false after `limit`.
+bool WaitForFinished(Shared& shared, int count, std::chrono::seconds limit) {
+  const Clock::time_point start = Clock::now();
+  while (shared.finished.load() < count) {
+    if (Clock::now() - start > limit) return false;
+    SleepMs(1);
   }
-  for (std::thread& thread : threads) thread.join();
-  EXPECT_TRUE(failure.empty(), failure);
+  return true;
+}
+
+struct ProcessOptions {
+  // The parent SIGKILLs the ranks still running after this.
+  std::chrono::seconds deadline{60};
+  // Ranks that may end by SIGKILL without failing the scenario.
+  std::vector<int> may_be_killed;
+  // The parent SIGKILLs rank `kill_rank` this long after forking it.
+  int kill_rank = -1;
+  std::chrono::milliseconds kill_after{0};
+};
+
+// Forks `size` processes running body(rank, shared) and reaps them; `poll`
+// runs in the parent meanwhile. Throws the failures, the first rank to end
+// first.
+void RunProcesses(int size, const ProcessOptions& options,
+                  const std::function<void(int, Shared&)>& body,
+                  const std::function<void(Shared&)>& poll = nullptr) {
+  EXPECT_TRUE(size >= 1 && size <= kMaxRanks, "size " << size);
+  SharedMemory memory(sizeof(Shared));
+  Shared& shared = *new (memory.data()) Shared;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < size; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      for (pid_t started : pids) {
+        kill(started, SIGKILL);
+        waitpid(started, nullptr, 0);
+      }
+      throw TestFailure{"fork: " + why};
+    }
+    if (pid == 0) {
+      std::string why;
+      try {
+        body(rank, shared);
+      } catch (const TestFailure& failure) {
+        why = failure.message;
+      } catch (const std::exception& e) {
+        why = std::string("exception: ") + e.what();
+      }
+      if (!why.empty()) std::snprintf(shared.messages[rank], kMessageBytes, "%s", why.c_str());
+      shared.finished.fetch_add(1);
+      _exit(why.empty() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  const Clock::time_point start = Clock::now();
+  std::vector<int> status(size, 0);
+  std::vector<bool> running(size, true);
+  std::vector<int> ended;  // ranks in the order they ended
+  std::vector<int> hung;
+  int live = size;
+  bool killed = false;
+  while (live > 0) {
+    for (int r = 0; r < size; ++r) {
+      if (running[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r]) {
+        running[r] = false;
+        --live;
+        ended.push_back(r);
+      }
+    }
+    if (live == 0) break;
+    if (poll) poll(shared);
+    if (options.kill_rank >= 0 && !killed && Clock::now() - start >= options.kill_after) {
+      killed = true;
+      shared.killed_at_ns.store(NowNs());
+      kill(pids[options.kill_rank], SIGKILL);
+    }
+    if (Clock::now() - start > options.deadline) {
+      for (int r = 0; r < size; ++r) {
+        if (!running[r]) continue;
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], nullptr, 0);
+        running[r] = false;
+        hung.push_back(r);
+      }
+      break;
+    }
+    usleep(500);
+  }
+  std::vector<std::string> failures;
+  for (int r : ended) {
+    const int s = status[r];
+    const bool may_be_killed = std::count(options.may_be_killed.begin(),
+                                          options.may_be_killed.end(), r) > 0;
+    if (WIFEXITED(s) && WEXITSTATUS(s) == 0) continue;
+    if (WIFSIGNALED(s) && WTERMSIG(s) == SIGKILL && may_be_killed) continue;
+    std::string why;
+    if (WIFEXITED(s) && WEXITSTATUS(s) == 1 && shared.messages[r][0] != 0) {
+      why = shared.messages[r];
+    } else if (WIFSIGNALED(s)) {
+      why = std::string("ended by signal ") + strsignal(WTERMSIG(s));
+    } else {
+      why = "exited with code " + std::to_string(WEXITSTATUS(s));
+    }
+    failures.push_back("rank " + std::to_string(r) + ": " + why);
+  }
+  for (int r : hung) {
+    failures.push_back("rank " + std::to_string(r) + " still ran after " +
+                       std::to_string(options.deadline.count()) + " s: killed");
+  }
+  if (!failures.empty()) {
+    std::string text = failures[0];
+    for (size_t i = 1; i < failures.size(); ++i) text += "\n  then " + failures[i];
+    throw TestFailure{text};
+  }
+}
+
+struct RankOptions {
+  int size = 1;
+  size_t slot_bytes = kTestSlotBytes;
+  std::chrono::nanoseconds timeout = kDataTimeout;
+  // Name the ranks kJobRanks[r] instead of r.
+  bool job_ranks = false;
+  ProcessOptions process;
+};
+
+using RankBody = std::function<void(int rank, ShmCollectives& shm, Shared& shared)>;
+
+// RunProcesses over a fresh segment: each rank opens it and attaches.
+void RunRanks(const RankOptions& options, const RankBody& body) {
+  const int size = options.size;
+  const size_t bytes = ShmCollectives::SegmentBytes(size, options.slot_bytes);
+  const std::string name = UniqueName();
+  std::unique_ptr<ShmSegment> segment;
+  const Status created = ShmSegment::Create(name, bytes, &segment);
+  EXPECT_TRUE(created.ok(), created.message());
+  std::vector<int> job_ranks;
+  for (int r = 0; r < size; ++r) job_ranks.push_back(options.job_ranks ? kJobRanks[r] : r);
+  bool unlinked = false;
+  RunProcesses(
+      size, options.process,
+      [&](int rank, Shared& shared) {
+        std::unique_ptr<ShmSegment> mine;
+        const Status opened = ShmSegment::Open(name, bytes, &mine);
+        EXPECT_TRUE(opened.ok(), opened.message());
+        shared.opened.fetch_add(1);
+        std::unique_ptr<ShmCollectives> shm;
+        const Status attached =
+            ShmCollectives::Attach(mine->data(), mine->size(), rank, size, options.slot_bytes,
+                                   job_ranks, options.timeout, &shm);
+        EXPECT_TRUE(attached.ok(), attached.message());
+        body(rank, *shm, shared);
+      },
+      [&](Shared& shared) {
+        // Every rank has mapped it: the name can go (as ShmTransport does).
+        if (!unlinked && shared.opened.load() == size) {
+          unlinked = true;
+          const Status status = segment->Unlink();
+          if (!status.ok()) std::fprintf(stderr, "unlink: %s\n", status.message().c_str());
+        }
+      });
+}
+
+// The job ranks an engine error names before `verb`:
+// "tfring: ranks 7, 9 did not reach ..." -> {7, 9} for "did not reach".
+std::vector<int> NamedRanks(const std::string& message, const std::string& verb) {
+  const std::string prefix = "tfring: ";
+  const size_t end = message.find(" " + verb);
+  if (message.compare(0, prefix.size(), prefix) != 0 || end == std::string::npos) return {};
+  std::string list = message.substr(prefix.size(), end - prefix.size());
+  for (const std::string word : {"ranks ", "rank "}) {
+    if (list.compare(0, word.size(), word) == 0) {
+      list = list.substr(word.size());
+      std::vector<int> ranks;
+      std::istringstream in(list);
+      std::string item;
+      while (std::getline(in, item, ',')) ranks.push_back(std::atoi(item.c_str()));
+      return ranks;
+    }
+  }
+  return {};
 }
 
 // --- The reference: one element at a time, ranks in order. ---
@@ -146,19 +391,21 @@ void ReferenceTyped(ReduceOp op, const std::vector<Bytes>& inputs, int64_t count
   }
 }
 
+// 16-bit floats: folded in float, rounded once (as ReduceSources does).
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void ReferenceSixteenBit(ReduceOp op, const std::vector<Bytes>& inputs, int64_t count,
                          Bytes* out) {
   out->resize(count * 2);
   for (int64_t i = 0; i < count; ++i) {
-    uint16_t acc;
-    std::memcpy(&acc, inputs[0].data() + i * 2, 2);
+    uint16_t bits;
+    std::memcpy(&bits, inputs[0].data() + i * 2, 2);
+    float acc = ToFloat(bits);
     for (size_t r = 1; r < inputs.size(); ++r) {
-      uint16_t value;
-      std::memcpy(&value, inputs[r].data() + i * 2, 2);
-      acc = FromFloat(Apply(op, ToFloat(acc), ToFloat(value)));
+      std::memcpy(&bits, inputs[r].data() + i * 2, 2);
+      acc = Apply(op, acc, ToFloat(bits));
     }
-    std::memcpy(out->data() + i * 2, &acc, 2);
+    bits = FromFloat(acc);
+    std::memcpy(out->data() + i * 2, &bits, 2);
   }
 }
 
@@ -182,8 +429,9 @@ Bytes Reference(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs, i
   return out;
 }
 
-// Values whose reductions over 4 ranks stay in range (no signed overflow).
-Bytes RandomInput(DataType dtype, ReduceOp op, int64_t count, uint32_t seed) {
+// Values whose reductions over up to 4 ranks stay in range (no signed
+// overflow, no infinities); floats with fractions, so sums round.
+Bytes RandomInput(DataType dtype, ReduceOp op, int64_t count, uint64_t seed) {
   std::mt19937_64 random(seed);
   const bool product = op == ReduceOp::kProduct;
   auto integer = [&](int64_t low, int64_t high) {
@@ -196,7 +444,8 @@ Bytes RandomInput(DataType dtype, ReduceOp op, int64_t count, uint32_t seed) {
     auto put = [&](auto value) { std::memcpy(at, &value, sizeof(value)); };
     switch (dtype) {
       case DataType::kUInt8: put(static_cast<uint8_t>(integer(0, product ? 3 : 60))); break;
-      case DataType::kInt8: put(static_cast<int8_t>(product ? integer(-3, 3) : integer(-30, 30)));
+      case DataType::kInt8:
+        put(static_cast<int8_t>(product ? integer(-3, 3) : integer(-30, 30)));
         break;
       case DataType::kInt32:
         put(static_cast<int32_t>(product ? integer(-100, 100) : integer(-500000000, 500000000)));
@@ -215,132 +464,698 @@ Bytes RandomInput(DataType dtype, ReduceOp op, int64_t count, uint32_t seed) {
   return bytes;
 }
 
-std::string Describe(int size, DataType dtype, ReduceOp op, int64_t count) {
-  return std::string(ReduceOpName(op)) + " " + DataTypeName(dtype) + " x" +
-         std::to_string(count) + " on " + std::to_string(size) + " ranks";
-}
+// --- Allreduce against the reference ---
 
-void ExpectMatches(const Bytes& expected, const Bytes& got, const std::string& what) {
-  EXPECT_TRUE(expected.size() == got.size(), what << ": size " << got.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_TRUE(expected[i] == got[i], what << ": first differing byte " << i);
+enum class Mode { kChunked, kInPlace, kStaged };
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kChunked: return "chunked";
+    case Mode::kInPlace: return "chunked in place";
+    case Mode::kStaged: return "staged";
   }
+  return "?";
 }
 
-// One allreduce on `size` ranks, checked against the reference on every rank.
-void CheckOne(int size, size_t chunk_bytes, DataType dtype, ReduceOp op, int64_t count,
-              bool in_place) {
-  std::vector<Bytes> inputs;
+struct AllreduceCase {
+  Mode mode;
+  DataType dtype;
+  ReduceOp op;
+  int64_t count;
+  std::vector<Bytes> inputs;  // one per rank
+  Bytes expected;
+  size_t offset = 0;  // of the output in each rank's part of the results
+};
+
+std::string Describe(const AllreduceCase& c, int size) {
+  return std::string(ModeName(c.mode)) + " " + ReduceOpName(c.op) + " " +
+         DataTypeName(c.dtype) + " x" + std::to_string(c.count) + " on " +
+         std::to_string(size) + " ranks";
+}
+
+AllreduceCase MakeCase(int size, Mode mode, DataType dtype, ReduceOp op, int64_t count) {
+  AllreduceCase c{mode, dtype, op, count, {}, {}};
   for (int r = 0; r < size; ++r) {
-    inputs.push_back(RandomInput(dtype, op, count, 1000 * size + 10 * r + count % 7));
+    c.inputs.push_back(RandomInput(dtype, op, count,
+                                   static_cast<uint64_t>(dtype) * 1000003 +
+                                       static_cast<uint64_t>(op) * 10007 + count * 31 + r));
   }
-  const Bytes expected = Reference(dtype, op, inputs, count);
-  std::vector<Bytes> outputs(size, Bytes(count * DataTypeSize(dtype), 0xAB));
-  const std::string what = Describe(size, dtype, op, count);
-  RunRanks(size, chunk_bytes, kTestTimeout, [&](int rank, ShmAllreduce& allreduce) {
-    if (in_place) outputs[rank] = inputs[rank];
-    const void* input = in_place ? outputs[rank].data() : inputs[rank].data();
-    Status status = allreduce.Allreduce(input, outputs[rank].data(), count, dtype, op);
-    EXPECT_TRUE(status.ok(), what << ": " << status.message());
+  c.expected = Reference(dtype, op, c.inputs, count);
+  return c;
+}
+
+// Runs `cases` in order on `size` ranks; each rank's outputs go to shared
+// memory (between guard bytes, element-aligned but not cache-line aligned),
+// where the parent compares them with the reference and with rank 0's.
+void CheckAllreduces(int size, size_t slot_bytes, std::vector<AllreduceCase> cases) {
+  size_t stride = 0;
+  for (AllreduceCase& c : cases) {
+    const size_t element = DataTypeSize(c.dtype);
+    c.offset = (stride + 63) / 64 * 64 + kGuard + element;
+    stride = c.offset + c.count * element + kGuard;
+  }
+  stride = (stride + 63) / 64 * 64;
+  SharedMemory results(stride * size);
+  std::memset(results.data(), kFill, stride * size);
+  RankOptions options;
+  options.size = size;
+  options.slot_bytes = slot_bytes;
+  RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+    for (const AllreduceCase& c : cases) {
+      char* out = results.data() + rank * stride + c.offset;
+      const size_t bytes = c.count * DataTypeSize(c.dtype);
+      const unsigned char* input = c.inputs[rank].data();
+      Status status;
+      switch (c.mode) {
+        case Mode::kChunked: {
+          const Bytes before = c.inputs[rank];
+          status = shm.Allreduce(input, out, c.count, c.dtype, c.op);
+          ExpectSameBytes(before.data(), input, bytes, Describe(c, size) + ": the input");
+          break;
+        }
+        case Mode::kInPlace:
+          if (bytes > 0) std::memcpy(out, input, bytes);
+          status = shm.Allreduce(out, out, c.count, c.dtype, c.op);
+          break;
+        case Mode::kStaged:
+          EXPECT_TRUE(bytes <= shm.staging_bytes(), Describe(c, size) << ": bigger than a slot");
+          if (bytes > 0) std::memcpy(shm.staging(), input, bytes);
+          status = shm.Allreduce(shm.staging(), shm.staging(), c.count, c.dtype, c.op);
+          if (bytes > 0) std::memcpy(out, shm.staging(), bytes);
+          break;
+      }
+      EXPECT_TRUE(status.ok(), Describe(c, size) << ": " << status.message());
+    }
   });
-  for (int r = 0; r < size; ++r) {
-    ExpectMatches(expected, outputs[r], what + ", rank " + std::to_string(r));
+  for (const AllreduceCase& c : cases) {
+    const std::string what = Describe(c, size);
+    const size_t element = DataTypeSize(c.dtype);
+    const size_t bytes = c.count * element;
+    const char* first = results.data() + c.offset;
+    for (int r = 0; r < size; ++r) {
+      const char* out = results.data() + r * stride + c.offset;
+      EXPECT_TRUE(AllBytesAre(out - kGuard - element, kGuard + element, kFill) &&
+                      AllBytesAre(out + bytes, kGuard, kFill),
+                  what << ": rank " << r << " wrote outside its output");
+      const int64_t at = FirstDifference(first, out, bytes);
+      EXPECT_TRUE(at < 0, what << ": rank " << r << " got other bytes than rank 0, element "
+                               << at / static_cast<int64_t>(element));
+    }
+    const int64_t at = FirstDifference(c.expected.data(), first, bytes);
+    const size_t e = at < 0 ? 0 : at / element * element;
+    EXPECT_TRUE(at < 0, what << ": element " << at / static_cast<int64_t>(element) << " is "
+                             << Hex(first + e, element) << ", expected "
+                             << Hex(c.expected.data() + e, element));
   }
 }
 
-void EveryOpAndSize(DataType dtype) {
-  for (int size = 1; size <= 4; ++size) {
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{size - 1}, kLargeCount}) {
-        CheckOne(size, kTestChunkBytes, dtype, op, count, /*in_place=*/false);
+// Every op at 1 to 3 ranks: chunked and chunked in place on counts of 0, 1,
+// a few, one more than a chunk and many chunks (none divisible by 2 or 3);
+// staged on counts up to a full slot.
+void AllreduceEveryOp(DataType dtype) {
+  const int64_t element = DataTypeSize(dtype);
+  const int64_t chunk = kTestSlotBytes / 2 / element;
+  const int64_t slot = kTestSlotBytes / element;
+  for (int size = 1; size <= 3; ++size) {
+    std::vector<AllreduceCase> cases;
+    for (ReduceOp op : kOps) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{17}, int64_t{1001},
+                            chunk + 1, kLargeCount}) {
+        cases.push_back(MakeCase(size, Mode::kChunked, dtype, op, count));
+        cases.push_back(MakeCase(size, Mode::kInPlace, dtype, op, count));
+      }
+      for (int64_t count :
+           {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{17}, int64_t{1001}, slot - 7, slot}) {
+        cases.push_back(MakeCase(size, Mode::kStaged, dtype, op, count));
+      }
+    }
+    CheckAllreduces(size, kTestSlotBytes, std::move(cases));
+  }
+}
+
+// The smallest slot (128 bytes: chunk halves of one cache line, so one rank
+// alone has a non-empty slice of each chunk) against counts around it.
+void AllreduceTinySlot() {
+  for (int size = 2; size <= 3; ++size) {
+    std::vector<AllreduceCase> cases;
+    for (int64_t count = 0; count <= 40; ++count) {
+      cases.push_back(MakeCase(size, Mode::kChunked, DataType::kFloat64, ReduceOp::kSum, count));
+      if (count % 3 == 0) {
+        cases.push_back(
+            MakeCase(size, Mode::kInPlace, DataType::kFloat64, ReduceOp::kSum, count));
+      }
+      if (count <= 16) {
+        cases.push_back(
+            MakeCase(size, Mode::kStaged, DataType::kFloat64, ReduceOp::kMax, count));
+      }
+    }
+    cases.push_back(MakeCase(size, Mode::kChunked, DataType::kInt8, ReduceOp::kMin, 1000));
+    cases.push_back(MakeCase(size, Mode::kInPlace, DataType::kFloat16, ReduceOp::kSum, 333));
+    cases.push_back(MakeCase(size, Mode::kStaged, DataType::kUInt8, ReduceOp::kProduct, 128));
+    CheckAllreduces(size, 128, std::move(cases));
+  }
+}
+
+// --- Mixed calls ---
+
+// FNV-1a over `bytes`, folded into `digest`.
+uint64_t Digest(uint64_t digest, const void* data, size_t bytes) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  if (digest == 0) digest = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) digest = (digest ^ p[i]) * 1099511628211ull;
+  return digest;
+}
+
+// Thousands of calls in an order drawn from a seed every rank shares:
+// allreduces (chunked, in place, staged; every dtype and op), broadcasts,
+// allgathers and exchanges (some too big), with a rank now and then late so
+// the others sleep. Slots of 1 KiB make most calls several chunks. Every
+// rank checks every result; at the end the ranks compare their step counts
+// and a digest of everything they received.
+void ManyMixedCalls() {
+  for (int size = 2; size <= 3; ++size) {
+    const int calls = size == 3 ? 2000 : 1000;
+    const size_t slot = 1024;
+    const int64_t half = slot / 2;
+    RankOptions options;
+    options.size = size;
+    options.slot_bytes = slot;
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+      std::mt19937_64 random(20240601 + size);  // the same draws on every rank
+      uint64_t digest = 0;
+      Views views;
+      bool fits = false;
+      for (int call = 0; call < calls; ++call) {
+        const int kind = static_cast<int>(random() % 6);
+        const uint64_t seed = random();
+        const int late = static_cast<int>(random() % (size * 30));
+        if (late == rank) usleep(500 + seed % 1500);
+        const std::string what = "call " + std::to_string(call) + " (kind " +
+                                 std::to_string(kind) + ")";
+        Status status;
+        if (kind <= 2) {  // allreduce: 0 chunked, 1 in place, 2 staged
+          const DataType dtype = kDtypes[random() % 8];
+          const ReduceOp op = kOps[random() % 4];
+          const int64_t element = DataTypeSize(dtype);
+          const int64_t count = static_cast<int64_t>(
+              random() % (kind == 2 ? slot / element + 1 : 3 * half / element + 8));
+          std::vector<Bytes> inputs;
+          for (int q = 0; q < size; ++q) inputs.push_back(RandomInput(dtype, op, count, seed + q));
+          const Bytes expected = Reference(dtype, op, inputs, count);
+          Bytes output(expected.size() + 1, kFill);
+          if (kind == 0) {
+            status = shm.Allreduce(inputs[rank].data(), output.data(), count, dtype, op);
+          } else if (kind == 1) {
+            std::copy(inputs[rank].begin(), inputs[rank].end(), output.begin());
+            status = shm.Allreduce(output.data(), output.data(), count, dtype, op);
+          } else {
+            std::copy(inputs[rank].begin(), inputs[rank].end(),
+                      static_cast<unsigned char*>(shm.staging()));
+            status = shm.Allreduce(shm.staging(), shm.staging(), count, dtype, op);
+            std::memcpy(output.data(), shm.staging(), expected.size());
+          }
+          const AllreduceCase c{static_cast<Mode>(kind), dtype, op, count, {}, {}};
+          EXPECT_TRUE(status.ok(), what << " " << Describe(c, size) << ": " << status.message());
+          ExpectSameBytes(expected.data(), output.data(), expected.size(),
+                          what + " " + Describe(c, size));
+          EXPECT_TRUE(output.back() == kFill, what << ": wrote past the output");
+          digest = Digest(digest, output.data(), expected.size());
+        } else if (kind == 3) {  // broadcast
+          const int root = static_cast<int>(random() % size);
+          const size_t bytes = random() % (3 * half + 8);
+          const Bytes expected = Pattern(seed, bytes);
+          Bytes buffer = rank == root ? expected : Pattern(seed + 1 + rank, bytes);
+          buffer.push_back(kFill);
+          status = shm.Broadcast(buffer.data(), bytes, root);
+          EXPECT_TRUE(status.ok(), what << " broadcast: " << status.message());
+          ExpectSameBytes(expected.data(), buffer.data(), bytes,
+                          what + " broadcast of " + std::to_string(bytes) + " from " +
+                              std::to_string(root));
+          EXPECT_TRUE(buffer.back() == kFill, what << ": wrote past the buffer");
+          digest = Digest(digest, buffer.data(), bytes);
+        } else if (kind == 4) {  // allgatherv
+          std::vector<int64_t> sizes;
+          Bytes expected;
+          for (int q = 0; q < size; ++q) {
+            sizes.push_back(random() % 4 == 0 ? 0 : static_cast<int64_t>(random() % (2 * half + 4)));
+            const Bytes part = Pattern(seed + q, sizes[q]);
+            expected.insert(expected.end(), part.begin(), part.end());
+          }
+          const bool in_place = random() % 2 == 0;
+          int64_t offset = 0;
+          for (int q = 0; q < rank; ++q) offset += sizes[q];
+          const Bytes mine = Pattern(seed + rank, sizes[rank]);
+          Bytes output(expected.size() + 1, kFill);
+          if (in_place) std::copy(mine.begin(), mine.end(), output.begin() + offset);
+          status = shm.Allgatherv(in_place ? nullptr : mine.data(), output.data(), sizes);
+          EXPECT_TRUE(status.ok(), what << " allgatherv: " << status.message());
+          ExpectSameBytes(expected.data(), output.data(), expected.size(),
+                          what + std::string(" allgatherv") + (in_place ? " in place" : ""));
+          EXPECT_TRUE(output.back() == kFill, what << ": wrote past the output");
+          digest = Digest(digest, output.data(), expected.size());
+        } else {  // exchange; now and then one rank's message is too big
+          const int too_big = random() % 20 == 0 ? static_cast<int>(random() % size) : -1;
+          std::vector<Bytes> messages;
+          for (int q = 0; q < size; ++q) {
+            const size_t bytes = q == too_big ? ShmCollectives::kExchangeCapacity + 1
+                                              : random() % 300;
+            messages.push_back(Pattern(seed + q, bytes));
+          }
+          status = shm.Exchange(messages[rank].data(), messages[rank].size(), &views, &fits);
+          EXPECT_TRUE(status.ok(), what << " exchange: " << status.message());
+          EXPECT_TRUE(fits == (too_big < 0), what << ": fits " << fits);
+          if (fits) {
+            EXPECT_TRUE(static_cast<int>(views.size()) == size, what << ": views " << views.size());
+            for (int q = 0; q < size; ++q) {
+              EXPECT_TRUE(views[q].second == messages[q].size(),
+                          what << ": rank " << q << "'s message has " << views[q].second);
+              ExpectSameBytes(messages[q].data(), views[q].first, messages[q].size(),
+                              what + " exchange, rank " + std::to_string(q) + "'s message");
+              digest = Digest(digest, views[q].first, views[q].second);
+            }
+          }
+        }
+      }
+      const uint64_t mine[2] = {shm.steps(), digest};
+      const Status status = shm.Exchange(mine, sizeof(mine), &views, &fits);
+      EXPECT_TRUE(status.ok() && fits, status.message());
+      for (int q = 0; q < size; ++q) {
+        EXPECT_TRUE(views[q].second == sizeof(mine) &&
+                        std::memcmp(views[q].first, mine, sizeof(mine)) == 0,
+                    "rank " << q << " ended with other steps or data than rank " << rank
+                            << " (steps " << mine[0] << ")");
+      }
+    });
+  }
+}
+
+// --- Broadcast, allgather, exchange ---
+
+// Every root at 1 to 3 ranks: 0 bytes, 1, an odd few, many chunks; nothing
+// written past the buffer.
+void BroadcastEveryRoot() {
+  const int64_t half = kTestSlotBytes / 2;
+  for (int size = 1; size <= 3; ++size) {
+    RankOptions options;
+    options.size = size;
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+      for (int root = 0; root < size; ++root) {
+        for (int64_t bytes : {int64_t{0}, int64_t{1}, int64_t{333}, half, 5 * half + 17}) {
+          const std::string what = "broadcast of " + std::to_string(bytes) + " bytes from " +
+                                   std::to_string(root) + " on " + std::to_string(size);
+          const Bytes expected = Pattern(1000 * root + bytes, bytes);
+          Bytes buffer(bytes + 2 * kGuard + 1, kFill);
+          unsigned char* data = buffer.data() + kGuard + 1;  // not aligned
+          const Bytes own = rank == root ? expected : Pattern(7 + rank, bytes);
+          std::copy(own.begin(), own.end(), data);
+          const Status status = shm.Broadcast(data, bytes, root);
+          EXPECT_TRUE(status.ok(), what << ": " << status.message());
+          ExpectSameBytes(expected.data(), data, bytes, what);
+          EXPECT_TRUE(AllBytesAre(buffer.data(), kGuard + 1, kFill) &&
+                          AllBytesAre(data + bytes, kGuard, kFill),
+                      what << ": wrote outside the buffer");
+        }
+      }
+    });
+  }
+}
+
+// Parts of different sizes (some empty, one of many chunks, all empty), in
+// place and not, at 1 to 3 ranks.
+void AllgathervLayouts() {
+  const int64_t half = kTestSlotBytes / 2;
+  for (int size = 1; size <= 3; ++size) {
+    std::vector<std::vector<int64_t>> layouts;
+    layouts.emplace_back(size, 1001);
+    layouts.emplace_back();
+    for (int q = 0; q < size; ++q) layouts.back().push_back(q == 0 ? 0 : 777 * q + 1);
+    layouts.emplace_back();
+    for (int q = 0; q < size; ++q) layouts.back().push_back(q == size - 1 ? 3 * half + 5 : 17);
+    layouts.emplace_back(size, 0);
+    layouts.emplace_back();
+    for (int q = 0; q < size; ++q) layouts.back().push_back(q == 0 ? half : 0);
+    RankOptions options;
+    options.size = size;
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+      for (size_t l = 0; l < layouts.size(); ++l) {
+        for (bool in_place : {false, true}) {
+          const std::vector<int64_t>& sizes = layouts[l];
+          const std::string what = "allgatherv layout " + std::to_string(l) +
+                                   (in_place ? " in place" : "") + " on " +
+                                   std::to_string(size);
+          Bytes expected;
+          int64_t offset = 0;
+          for (int q = 0; q < size; ++q) {
+            if (q == rank) offset = expected.size();
+            const Bytes part = Pattern(100 * l + q, sizes[q]);
+            expected.insert(expected.end(), part.begin(), part.end());
+          }
+          const Bytes mine = Pattern(100 * l + rank, sizes[rank]);
+          Bytes buffer(expected.size() + 2 * kGuard, kFill);
+          unsigned char* output = buffer.data() + kGuard;
+          if (in_place) std::copy(mine.begin(), mine.end(), output + offset);
+          const Status status = shm.Allgatherv(in_place ? nullptr : mine.data(), output, sizes);
+          EXPECT_TRUE(status.ok(), what << ": " << status.message());
+          ExpectSameBytes(expected.data(), output, expected.size(), what);
+          EXPECT_TRUE(AllBytesAre(buffer.data(), kGuard, kFill) &&
+                          AllBytesAre(output + expected.size(), kGuard, kFill),
+                      what << ": wrote outside the output");
+        }
+      }
+    });
+  }
+}
+
+void ExpectViews(const Views& views, const std::vector<Bytes>& messages, const std::string& what) {
+  EXPECT_TRUE(views.size() == messages.size(), what << ": " << views.size() << " views");
+  for (size_t q = 0; q < messages.size(); ++q) {
+    EXPECT_TRUE(views[q].second == messages[q].size(),
+                what << ": rank " << q << "'s message has " << views[q].second << " bytes, not "
+                     << messages[q].size());
+    ExpectSameBytes(messages[q].data(), views[q].first, messages[q].size(),
+                    what + ": rank " + std::to_string(q) + "'s message");
+  }
+}
+
+// Messages of different lengths (empty from a null pointer, up to exactly
+// kExchangeCapacity), one byte too many on any one rank (fits == false on
+// every rank, then the next exchange works), views that outlast the peers'
+// next exchange and can be the data of this rank's next one.
+void ExchangeMessages() {
+  const size_t capacity = ShmCollectives::kExchangeCapacity;
+  const size_t lengths[] = {0, 1, 4001, capacity};
+  for (int size = 1; size <= 3; ++size) {
+    RankOptions options;
+    options.size = size;
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+      Views views;
+      bool fits = false;
+      for (int round = 0; round < 4; ++round) {
+        std::vector<Bytes> messages;
+        for (int q = 0; q < size; ++q) {
+          messages.push_back(Pattern(10 * round + q, lengths[(q + round) % 4]));
+        }
+        const Bytes& mine = messages[rank];
+        const Status status =
+            shm.Exchange(mine.empty() ? nullptr : mine.data(), mine.size(), &views, &fits);
+        const std::string what = "round " + std::to_string(round);
+        EXPECT_TRUE(status.ok() && fits, what << ": " << status.message() << " fits " << fits);
+        ExpectViews(views, messages, what);
+      }
+      for (int over = 0; over < size; ++over) {
+        const Bytes mine = Pattern(rank, rank == over ? capacity + 1 : capacity);
+        Status status = shm.Exchange(mine.data(), mine.size(), &views, &fits);
+        EXPECT_TRUE(status.ok() && !fits, "rank " << over << " sent " << capacity + 1
+                                                  << " bytes: fits " << fits << " on rank "
+                                                  << rank << " " << status.message());
+        std::vector<Bytes> messages;
+        for (int q = 0; q < size; ++q) messages.push_back(Pattern(50 + q, capacity));
+        status = shm.Exchange(messages[rank].data(), capacity, &views, &fits);
+        EXPECT_TRUE(status.ok() && fits, "after a message too big: fits " << fits << " "
+                                                                          << status.message());
+        ExpectViews(views, messages, "after a message too big");
+      }
+      // Rank 0 reads its views while the others already wrote their next
+      // message (they then wait for rank 0), then sends one of them on.
+      std::vector<Bytes> first, second;
+      for (int q = 0; q < size; ++q) {
+        first.push_back(Pattern(200 + q, 100 + q));
+        second.push_back(Pattern(300 + q, 200 + q));
+      }
+      second[0] = first[size - 1];  // rank 0 sends on what rank size - 1 sent it
+      Status status = shm.Exchange(first[rank].data(), first[rank].size(), &views, &fits);
+      EXPECT_TRUE(status.ok() && fits, status.message());
+      if (rank == 0) {
+        SleepMs(50);
+        ExpectViews(views, first, "views of an exchange after the peers started the next");
+      }
+      const char* data = rank == 0 ? views[size - 1].first
+                                   : reinterpret_cast<const char*>(second[rank].data());
+      status = shm.Exchange(data, second[rank].size(), &views, &fits);
+      EXPECT_TRUE(status.ok() && fits, status.message());
+      ExpectViews(views, second, "an exchange sending on a view of the one before");
+    });
+  }
+}
+
+// --- The barrier ---
+
+// ShmBarrier alone across processes: ranks that attach late (after rank 0
+// already waits) disturb nothing, and over thousands of waits, some with a
+// rank late so the others sleep, nobody passes wait k before every rank
+// arrived at it, nor gets more than one wait ahead.
+void BarrierAcrossProcesses() {
+  const uint64_t waits = 2000;
+  for (int size = 1; size <= 3; ++size) {
+    SharedMemory area(ShmBarrier::Bytes(size));
+    SharedMemory arrived_memory(kMaxRanks * 64);
+    auto arrived = [&](int q) -> std::atomic<uint64_t>& {
+      return *reinterpret_cast<std::atomic<uint64_t>*>(arrived_memory.data() + q * 64);
+    };
+    for (int q = 0; q < size; ++q) new (&arrived(q)) std::atomic<uint64_t>(0);
+    std::vector<int> job_ranks(kJobRanks.begin(), kJobRanks.begin() + size);
+    RunProcesses(size, ProcessOptions(), [&](int rank, Shared&) {
+      SleepMs(20 * rank);
+      ShmBarrier barrier(area.data(), rank, size, job_ranks);
+      EXPECT_TRUE(barrier.rank() == rank && barrier.size() == size && barrier.steps() == 0,
+                  "fresh barrier");
+      std::mt19937 random(rank + 1);
+      for (uint64_t k = 1; k <= waits; ++k) {
+        if (random() % 64 == 0) usleep(random() % 2000);
+        arrived(rank).store(k, std::memory_order_release);
+        const Status status = barrier.Wait("test barrier", std::chrono::seconds(10));
+        EXPECT_TRUE(status.ok(), "wait " << k << ": " << status.message());
+        EXPECT_TRUE(barrier.steps() == k, "steps " << barrier.steps() << " after wait " << k);
+        for (int q = 0; q < size; ++q) {
+          const uint64_t at = arrived(q).load(std::memory_order_acquire);
+          EXPECT_TRUE(at == k || at == k + 1,
+                      "rank " << rank << " passed wait " << k << " with rank " << q << " at " << at);
+        }
+      }
+    });
+  }
+}
+
+// --- Failures ---
+
+// Checks a failure of a peer: Aborted, naming job rank `job_rank` (only it)
+// before `verb`, and mentioning `what`; then that later calls of every kind
+// fail at once with the same status.
+void ExpectBrokenBy(ShmCollectives& shm, const Status& status, const std::string& verb,
+                    int job_rank, const std::string& what) {
+  EXPECT_TRUE(status.code() == StatusCode::kAborted, what << ": " << status.message());
+  const std::vector<int> named = NamedRanks(status.message(), verb);
+  EXPECT_TRUE(std::count(named.begin(), named.end(), job_rank) == 1,
+              "does not say rank " << job_rank << " " << verb << ": " << status.message());
+  EXPECT_TRUE(Contains(status, "shared-memory " + what), "not about the " << what << ": "
+                                                                         << status.message());
+  Views views;
+  bool fits = false;
+  float data[300] = {};
+  const std::vector<int64_t> sizes(shm.size(), 4);
+  const Clock::time_point start = Clock::now();
+  const Status later[] = {
+      shm.Allreduce(data, data, 300, DataType::kFloat32, ReduceOp::kSum),
+      shm.Allreduce(shm.staging(), shm.staging(), 3, DataType::kInt32, ReduceOp::kMax),
+      shm.Broadcast(data, 100, 0),
+      shm.Allgatherv(nullptr, data, sizes),
+      shm.Exchange(data, 8, &views, &fits),
+  };
+  const double waited = SecondsSince(start);
+  for (const Status& again : later) {
+    EXPECT_TRUE(again.code() == StatusCode::kAborted && again.message() == status.message(),
+                "a later call: " << again.message());
+  }
+  EXPECT_TRUE(waited < 1.0, "later calls waited " << waited << " s");
+}
+
+// A rank SIGKILLed while the others are in an operation (`exchange`: an
+// Exchange, which has no timeout; otherwise a multi-chunk Allreduce): the
+// others fail within seconds with Aborted naming its job rank as exited,
+// and at once afterwards. At 2 and 3 ranks, the last rank or rank 0 dying,
+// two ways: the victim kills itself instead of making the call (the others
+// are in it already), or the parent kills it while every rank loops on calls
+// (so it usually dies inside one).
+void DeadPeer(bool exchange) {
+  const std::string what = exchange ? "negotiation step" : "allreduce";
+  for (int size = 2; size <= 3; ++size) {
+    for (int victim : {size - 1, 0}) {
+      for (bool by_parent : {false, true}) {
+        RankOptions options;
+        options.size = size;
+        options.job_ranks = true;
+        options.timeout = std::chrono::seconds(30);
+        options.process.deadline = std::chrono::seconds(30);
+        options.process.may_be_killed = {victim};
+        if (by_parent) {
+          options.process.kill_rank = victim;
+          options.process.kill_after = std::chrono::milliseconds(150);
+        }
+        RunRanks(options, [&](int rank, ShmCollectives& shm, Shared& shared) {
+          std::vector<float> data(50001, 1.0f);
+          Views views;
+          bool fits = false;
+          auto call = [&] {
+            return exchange ? shm.Exchange(data.data(), 64, &views, &fits)
+                            : shm.Allreduce(data.data(), data.data(), data.size(),
+                                            DataType::kFloat32, ReduceOp::kMax);
+          };
+          for (int i = 0; i < 3; ++i) {
+            const Status status = call();
+            EXPECT_TRUE(status.ok(), "before the kill: " << status.message());
+          }
+          if (!by_parent && rank == victim) kill(getpid(), SIGKILL);
+          Status status;
+          const Clock::time_point start = Clock::now();
+          while (status.ok() && SecondsSince(start) < 20) status = call();
+          EXPECT_TRUE(rank != victim, "the victim outlived its kill");
+          const int64_t killed_at = by_parent ? shared.killed_at_ns.load() : 0;
+          const double noticed_after =
+              by_parent ? (NowNs() - killed_at) / 1e9 : SecondsSince(start);
+          EXPECT_TRUE(!by_parent || killed_at > 0, "failed before the kill: " << status.message());
+          EXPECT_TRUE(noticed_after < 5, "noticed the death after " << noticed_after << " s");
+          ExpectBrokenBy(shm, status, "exited", kJobRanks[victim], what);
+          EXPECT_TRUE(Contains(status, "while rank " + std::to_string(kJobRanks[rank]) +
+                                           " waited"),
+                      "does not name the waiting rank " << kJobRanks[rank] << ": "
+                                                        << status.message());
+        });
       }
     }
   }
 }
 
-// Thousands of small allreduces in a row, of mixed dtypes, ops and counts:
-// the step counters keep growing and the slot sets keep alternating.
-void ManyConsecutive() {
-  const int size = 3;
-  const int calls = 3000;
-  const DataType dtypes[] = {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16,
-                             DataType::kUInt8};
-  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProduct};
-  const size_t chunk_bytes = 256;
-  RunRanks(size, chunk_bytes, kTestTimeout, [&](int rank, ShmAllreduce& allreduce) {
-    uint64_t chunks = 0;
-    for (int call = 0; call < calls; ++call) {
-      const DataType dtype = dtypes[call % 4];
-      const ReduceOp op = ops[(call / 4) % 4];
-      const int64_t count = (call * 37) % 150;
-      std::vector<Bytes> inputs;
-      for (int r = 0; r < size; ++r) inputs.push_back(RandomInput(dtype, op, count, call + r));
-      const Bytes expected = Reference(dtype, op, inputs, count);
-      Bytes output(expected.size());
-      Status status = allreduce.Allreduce(inputs[rank].data(), output.data(), count, dtype, op);
-      EXPECT_TRUE(status.ok(), "call " << call << ": " << status.message());
-      ExpectMatches(expected, output, "call " + std::to_string(call) + " " +
-                                          Describe(size, dtype, op, count));
-      const int64_t per_chunk = chunk_bytes / DataTypeSize(dtype);
-      chunks += (count + per_chunk - 1) / per_chunk;
-    }
-    EXPECT_TRUE(allreduce.steps() == 2 * chunks,
-                "steps " << allreduce.steps() << " after " << chunks << " chunks");
-  });
-}
-
-// input == output, large and small, on every size.
-void InPlace() {
-  for (int size = 1; size <= 4; ++size) {
-    CheckOne(size, kTestChunkBytes, DataType::kFloat32, ReduceOp::kSum, kLargeCount, true);
-    CheckOne(size, kTestChunkBytes, DataType::kInt64, ReduceOp::kMax, kLargeCount, true);
-    CheckOne(size, kTestChunkBytes, DataType::kFloat16, ReduceOp::kSum, 3, true);
-  }
-}
-
-// The smallest chunk (64 bytes: one cache line, so at most one rank has a
-// non-empty slice) against counts around it.
-void TinyChunks() {
-  for (int size = 2; size <= 4; ++size) {
-    for (int64_t count = 0; count <= 40; ++count) {
-      CheckOne(size, 64, DataType::kFloat64, ReduceOp::kSum, count, false);
-    }
-    CheckOne(size, 64, DataType::kInt8, ReduceOp::kMin, 1000, false);
-  }
-}
-
-// One rank attaches but never calls: the others fail with Aborted naming it
-// once the timeout has passed, and keep failing at once afterwards.
-void DeadPeer() {
-  const int size = 3;
-  const auto timeout = std::chrono::milliseconds(500);
-  for (int dead : {2, 0}) {
-    RunRanks(size, kTestChunkBytes, timeout, [&](int rank, ShmAllreduce& allreduce) {
-      if (rank == dead) return;
-      std::vector<float> data(1000, 1.0f);
-      const auto start = std::chrono::steady_clock::now();
-      Status status = allreduce.Allreduce(data.data(), data.data(), 1000, DataType::kFloat32,
-                                          ReduceOp::kSum);
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      EXPECT_TRUE(status.code() == StatusCode::kAborted, "status " << status.message());
-      const std::string named = "rank " + std::to_string(dead) + " did not arrive";
-      EXPECT_TRUE(status.message().find(named) != std::string::npos,
-                  "message does not name rank " << dead << ": " << status.message());
-      EXPECT_TRUE(waited >= 0.45 && waited < 3.0, "aborted after " << waited << " s");
-      const auto again = std::chrono::steady_clock::now();
-      Status second = allreduce.Allreduce(data.data(), data.data(), 1000, DataType::kFloat32,
-                                          ReduceOp::kSum);
-      EXPECT_TRUE(second.code() == StatusCode::kAborted, "second call: " << second.message());
-      EXPECT_TRUE(std::chrono::steady_clock::now() - again < std::chrono::milliseconds(100),
-                  "the second call waited again");
+// A live peer that stops taking part: a negotiation step waits for it as
+// long as it takes (here two timeouts), a data operation fails after the
+// timeout (0.3 s) with Aborted naming it, and so do later calls, at once.
+void PeerTimeout() {
+  const auto timeout = std::chrono::milliseconds(300);
+  for (int size = 2; size <= 3; ++size) {
+    const int victim = size - 1;
+    RankOptions options;
+    options.size = size;
+    options.job_ranks = true;
+    options.timeout = timeout;
+    options.process.deadline = std::chrono::seconds(30);
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared& shared) {
+      Views views;
+      bool fits = false;
+      if (rank == victim) SleepMs(600);
+      Status status = shm.Exchange(&rank, sizeof(rank), &views, &fits);
+      EXPECT_TRUE(status.ok() && fits, "an exchange with a slow peer: " << status.message());
+      std::vector<int32_t> data(1001, rank);
+      status = shm.Allreduce(data.data(), data.data(), data.size(), DataType::kInt32,
+                             ReduceOp::kSum);
+      EXPECT_TRUE(status.ok() && data[1000] == size * (size - 1) / 2, status.message());
+      if (rank == victim) {
+        EXPECT_TRUE(WaitForFinished(shared, size - 1, std::chrono::seconds(20)),
+                    "the others did not give up");
+        return;
+      }
+      const Clock::time_point start = Clock::now();
+      status = shm.Allreduce(data.data(), data.data(), data.size(), DataType::kInt32,
+                             ReduceOp::kSum);
+      const double waited = SecondsSince(start);
+      EXPECT_TRUE(waited >= 0.29 && waited < 10, "gave up after " << waited << " s");
+      ExpectBrokenBy(shm, status, "did not reach", kJobRanks[victim], "allreduce");
+      EXPECT_TRUE(Contains(status, "within 0.3 s"), status.message());
     });
   }
 }
 
-bool Contains(const Status& status, const std::string& text) {
-  return status.message().find(text) != std::string::npos;
+// --- Arguments ---
+
+void ExpectInvalid(const Status& status, const std::string& text) {
+  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument && Contains(status, text),
+              "expected InvalidArgument with '" << text << "', got: " << status.message());
 }
+
+// Attach's checks, and the calls' argument checks (which return before any
+// barrier, so they need no peer).
+void AttachErrors() {
+  const size_t slot = 128;
+  const size_t bytes = ShmCollectives::SegmentBytes(2, slot);
+  EXPECT_TRUE(bytes >= 2 * slot + 4 * ShmCollectives::kExchangeAreaBytes &&
+                  bytes >= ShmCollectives::SegmentBytes(1, slot),
+              "SegmentBytes(2, 128) = " << bytes);
+  std::unique_ptr<void, decltype(&std::free)> memory(std::aligned_alloc(64, bytes + 128),
+                                                     &std::free);
+  char* base = static_cast<char*>(memory.get());
+  std::memset(base, 0, bytes + 128);
+  std::unique_ptr<ShmCollectives> shm;
+  auto attach = [&](void* segment, size_t segment_bytes, int rank, int size, size_t slot_bytes,
+                    std::vector<int> job_ranks) {
+    shm.reset();
+    const Status status = ShmCollectives::Attach(segment, segment_bytes, rank, size, slot_bytes,
+                                                 std::move(job_ranks), std::chrono::seconds(1),
+                                                 &shm);
+    EXPECT_TRUE(status.ok() == (shm != nullptr), "Attach: " << status.message());
+    return status;
+  };
+  const std::string prefix = "shared-memory collectives: ";
+  ExpectInvalid(attach(base, bytes, -1, 2, slot, {0, 1}),
+                prefix + "rank -1 of 2 ranks (2 job ranks named)");
+  ExpectInvalid(attach(base, bytes, 2, 2, slot, {0, 1}), prefix + "rank 2 of 2 ranks");
+  ExpectInvalid(attach(base, bytes, 0, 0, slot, {}), prefix + "rank 0 of 0 ranks");
+  ExpectInvalid(attach(base, bytes, 0, 2, slot, {0, 1, 2}),
+                prefix + "rank 0 of 2 ranks (3 job ranks named)");
+  ExpectInvalid(attach(base, bytes, 1, 2, slot, {5}), "(1 job ranks named)");
+  for (size_t bad : {size_t{0}, size_t{100}, size_t{192}}) {
+    ExpectInvalid(attach(base, bytes, 0, 2, bad, {0, 1}),
+                  prefix + "slots of " + std::to_string(bad) +
+                      " bytes; they must be a positive multiple of 128");
+  }
+  ExpectInvalid(attach(base + 8, bytes, 0, 2, slot, {0, 1}),
+                prefix + "segment not 64-byte aligned");
+  ExpectInvalid(attach(nullptr, bytes, 0, 2, slot, {0, 1}), "segment not 64-byte aligned");
+  ExpectInvalid(attach(base, bytes - 1, 0, 2, slot, {0, 1}),
+                prefix + "a segment of " + std::to_string(bytes - 1) +
+                    " bytes is too small for 2 ranks with slots of 128 bytes (" +
+                    std::to_string(bytes) + " needed)");
+  Status status = attach(base + 64, bytes, 1, 2, slot, {3, 8});
+  EXPECT_TRUE(status.ok(), status.message());
+  EXPECT_TRUE(shm->rank() == 1 && shm->size() == 2 && shm->staging_bytes() == slot &&
+                  shm->steps() == 0,
+              "attached as rank " << shm->rank() << " of " << shm->size());
+
+  // On a 2-rank instance without its peer: argument errors, and calls with
+  // nothing to do, return at once without a barrier.
+  float value = 1.0f;
+  ExpectInvalid(shm->Allreduce(&value, &value, 1, DataType::kFloat32, ReduceOp::kAverage),
+                "shared-memory allreduce: unsupported op Average");
+  ExpectInvalid(shm->Allreduce(&value, &value, -1, DataType::kFloat32, ReduceOp::kSum),
+                "-1 elements");
+  ExpectInvalid(shm->Allreduce(nullptr, &value, 1, DataType::kFloat32, ReduceOp::kSum),
+                "null buffer");
+  ExpectInvalid(shm->Allreduce(&value, nullptr, 1, DataType::kFloat32, ReduceOp::kSum),
+                "null buffer");
+  ExpectInvalid(shm->Broadcast(&value, 4, 2), "shared-memory broadcast: root 2 of 2 ranks");
+  ExpectInvalid(shm->Broadcast(&value, 4, -1), "root -1 of 2 ranks");
+  ExpectInvalid(shm->Allgatherv(&value, &value, {4}),
+                "shared-memory allgather: 1 sizes for 2 ranks");
+  EXPECT_TRUE(shm->Allreduce(nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum).ok() &&
+                  shm->Broadcast(nullptr, 0, 1).ok() &&
+                  shm->Allgatherv(nullptr, nullptr, {0, 0}).ok(),
+              "empty calls failed");
+  EXPECT_TRUE(shm->steps() == 0, "empty or bad calls took " << shm->steps() << " steps");
+
+  // One rank alone: everything works, nothing waits.
+  std::memset(base, 0, bytes);
+  status = attach(base, bytes, 0, 1, slot, {6});
+  EXPECT_TRUE(status.ok(), status.message());
+  double numbers[3] = {1.5, -2, 3};
+  double out[3] = {};
+  EXPECT_TRUE(shm->Allreduce(numbers, out, 3, DataType::kFloat64, ReduceOp::kProduct).ok() &&
+                  out[0] == 1.5 && out[1] == -2 && out[2] == 3,
+              "1 rank allreduce");
+  Views views;
+  bool fits = false;
+  EXPECT_TRUE(shm->Exchange("abc", 3, &views, &fits).ok() && fits && views.size() == 1 &&
+                  views[0].second == 3 && std::memcmp(views[0].first, "abc", 3) == 0,
+              "1 rank exchange");
+}
+
+// --- The segment (unchanged from the allreduce engine's tests) ---
 
 // Missing names, duplicate names, sizes /dev/shm cannot hold, bad arguments:
 // clear errors, no crash, nothing left behind.
@@ -394,95 +1209,103 @@ void SegmentErrors() {
   EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument, "0 bytes: " << status.message());
 }
 
-// Attach's and Allreduce's argument checks.
-void BadArguments() {
-  const size_t bytes = ShmAllreduce::SegmentBytes(2, 128);
-  std::unique_ptr<void, decltype(&std::free)> memory(std::aligned_alloc(64, bytes + 64),
-                                                     &std::free);
-  char* base = static_cast<char*>(memory.get());
-  std::unique_ptr<ShmAllreduce> allreduce;
-  const auto timeout = std::chrono::seconds(1);
-  Status status = ShmAllreduce::Attach(base, bytes - 8, 0, 2, 128, timeout, &allreduce);
-  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument && Contains(status, "too small"),
-              status.message());
-  status = ShmAllreduce::Attach(base + 8, bytes, 0, 2, 128, timeout, &allreduce);
-  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument && Contains(status, "aligned"),
-              status.message());
-  status = ShmAllreduce::Attach(base, bytes, 0, 2, 100, timeout, &allreduce);
-  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument, "chunk of 100 bytes accepted");
-  status = ShmAllreduce::Attach(base, bytes, 2, 2, 128, timeout, &allreduce);
-  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument, "rank 2 of 2 accepted");
-  std::memset(base, 0, bytes);
-  status = ShmAllreduce::Attach(base, bytes, 0, 1, 128, timeout, &allreduce);
-  EXPECT_TRUE(status.ok(), status.message());
-  float value = 1.0f;
-  status = allreduce->Allreduce(&value, &value, 1, DataType::kFloat32, ReduceOp::kAverage);
-  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument && Contains(status, "Average"),
-              status.message());
-  status = allreduce->Allreduce(&value, &value, -1, DataType::kFloat32, ReduceOp::kSum);
-  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument, "count -1 accepted");
+// --- bench ---
+
+struct Timing {
+  double median_ms;
+  double min_ms;
+};
+
+Timing Summarize(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  return {seconds[seconds.size() / 2] * 1e3, seconds[0] * 1e3};
 }
 
-// bench <ranks> <MiB> [chunk KiB]: float32 Sum throughput against memcpy.
-int Bench(int size, double mib, size_t chunk_kib) {
-  const int64_t count = static_cast<int64_t>(mib * 1024 * 1024 / 4);
-  const double bytes = count * 4.0;
-  const size_t chunk_bytes = chunk_kib * 1024;
-  const int iterations = std::max(3, static_cast<int>(2e9 / bytes));
-  std::vector<double> seconds(size);
-  RunRanks(size, chunk_bytes, std::chrono::seconds(60), [&](int rank, ShmAllreduce& allreduce) {
+// Per call, the slowest rank's time of `mode` (float32 Sum of `count`).
+Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations) {
+  SharedMemory times(sizeof(double) * size * iterations);
+  double* seconds = reinterpret_cast<double*>(times.data());
+  RankOptions options;
+  options.size = size;
+  options.slot_bytes = slot_bytes;
+  options.timeout = std::chrono::seconds(60);
+  options.process.deadline = std::chrono::seconds(300);
+  RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
     std::vector<float> input(count, 1.0f + rank), output(count);
-    for (int warm = 0; warm < 2; ++warm) {
-      allreduce.Allreduce(input.data(), output.data(), count, DataType::kFloat32,
-                          ReduceOp::kSum);
+    float* from = input.data();
+    float* to = output.data();
+    if (mode == Mode::kInPlace) to = from;
+    if (mode == Mode::kStaged) {
+      from = to = static_cast<float*>(shm.staging());
+      std::copy(input.begin(), input.end(), from);
     }
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; ++i) {
-      Status status = allreduce.Allreduce(input.data(), output.data(), count,
-                                          DataType::kFloat32, ReduceOp::kSum);
+    for (int i = -2; i < iterations; ++i) {  // two to warm up
+      const Clock::time_point start = Clock::now();
+      const Status status = shm.Allreduce(from, to, count, DataType::kFloat32, ReduceOp::kSum);
+      if (i >= 0) seconds[rank * iterations + i] = SecondsSince(start);
       EXPECT_TRUE(status.ok(), status.message());
     }
-    seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                        .count() / iterations;
   });
-  std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
-  std::memcpy(to.data(), from.data(), from.size());
-  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> slowest(iterations, 0);
   for (int i = 0; i < iterations; ++i) {
-    std::memcpy(to.data(), from.data(), from.size());
-    from[i % from.size()] = static_cast<char>(to[(i * 7) % to.size()]);
+    for (int r = 0; r < size; ++r) slowest[i] = std::max(slowest[i], seconds[r * iterations + i]);
   }
-  const double memcpy_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-      iterations;
-  double slowest = 0;
-  for (double s : seconds) slowest = std::max(slowest, s);
-  std::printf("ranks %d, %.1f MiB float32 Sum, chunk %zu KiB, %d iterations\n", size, mib,
-              chunk_kib, iterations);
-  std::printf("  shm allreduce: %8.3f ms  %6.2f GB/s (bytes per rank / time)\n",
-              slowest * 1e3, bytes / slowest / 1e9);
-  std::printf("  memcpy:        %8.3f ms  %6.2f GB/s (one thread, same bytes)\n",
-              memcpy_s * 1e3, bytes / memcpy_s / 1e9);
-  std::printf("  allreduce time / memcpy time: %.2f\n", slowest / memcpy_s);
+  return Summarize(slowest);
+}
+
+// bench <ranks> <MiB> [slot KiB]: float32 Sum, chunked (out of place, in
+// place) with the given slots and staged with slots that hold the data,
+// against memcpy of the same bytes. Prints times, asserts nothing.
+int Bench(int size, double mib, size_t slot_kib) {
+  const int64_t count = std::max<int64_t>(1, static_cast<int64_t>(mib * 1024 * 1024 / 4));
+  const double bytes = count * 4.0;
+  const size_t slot_bytes = std::max<size_t>(128, slot_kib * 1024 / 128 * 128);
+  const size_t staged_slot = std::max(slot_bytes, static_cast<size_t>((count * 4 + 127) / 128 * 128));
+  const int iterations = std::max(5, std::min(200, static_cast<int>(1e9 / bytes)));
+  auto line = [&](const char* what, const Timing& t) {
+    std::printf("  %-28s median %9.3f ms  min %9.3f ms  (%6.2f GB/s at the median)\n", what,
+                t.median_ms, t.min_ms, bytes / (t.median_ms * 1e-3) / 1e9);
+  };
+  std::printf("ranks %d, %.2f MiB float32 Sum, slots of %zu KiB, %d calls"
+              " (per call the slowest rank)\n",
+              size, bytes / 1024 / 1024, slot_bytes / 1024, iterations);
+  line("chunked:", BenchMode(size, count, slot_bytes, Mode::kChunked, iterations));
+  line("chunked in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations));
+  const std::string staged = "staged (slots " + std::to_string(staged_slot / 1024) + " KiB):";
+  line(staged.c_str(), BenchMode(size, count, staged_slot, Mode::kStaged, iterations));
+  std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
+  std::vector<double> seconds;
+  for (int i = -2; i < iterations; ++i) {
+    const Clock::time_point start = Clock::now();
+    std::memcpy(to.data(), from.data(), from.size());
+    if (i >= 0) seconds.push_back(SecondsSince(start));
+    from[i + 2] = to[from.size() - 1 - i - 2];  // keep the copies from being dropped
+  }
+  line("memcpy (one thread):", Summarize(seconds));
   return 0;
 }
 
 const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
   static const auto* scenarios = new std::vector<std::pair<std::string, std::function<void()>>>{
-      {"ops_uint8", [] { EveryOpAndSize(DataType::kUInt8); }},
-      {"ops_int8", [] { EveryOpAndSize(DataType::kInt8); }},
-      {"ops_int32", [] { EveryOpAndSize(DataType::kInt32); }},
-      {"ops_int64", [] { EveryOpAndSize(DataType::kInt64); }},
-      {"ops_float16", [] { EveryOpAndSize(DataType::kFloat16); }},
-      {"ops_bfloat16", [] { EveryOpAndSize(DataType::kBFloat16); }},
-      {"ops_float32", [] { EveryOpAndSize(DataType::kFloat32); }},
-      {"ops_float64", [] { EveryOpAndSize(DataType::kFloat64); }},
-      {"many_consecutive", ManyConsecutive},
-      {"in_place", InPlace},
-      {"tiny_chunks", TinyChunks},
-      {"dead_peer", DeadPeer},
+      {"allreduce_uint8", [] { AllreduceEveryOp(DataType::kUInt8); }},
+      {"allreduce_int8", [] { AllreduceEveryOp(DataType::kInt8); }},
+      {"allreduce_int32", [] { AllreduceEveryOp(DataType::kInt32); }},
+      {"allreduce_int64", [] { AllreduceEveryOp(DataType::kInt64); }},
+      {"allreduce_float16", [] { AllreduceEveryOp(DataType::kFloat16); }},
+      {"allreduce_bfloat16", [] { AllreduceEveryOp(DataType::kBFloat16); }},
+      {"allreduce_float32", [] { AllreduceEveryOp(DataType::kFloat32); }},
+      {"allreduce_float64", [] { AllreduceEveryOp(DataType::kFloat64); }},
+      {"allreduce_tiny_slot", AllreduceTinySlot},
+      {"many_mixed_calls", ManyMixedCalls},
+      {"broadcast_every_root", BroadcastEveryRoot},
+      {"allgatherv_layouts", AllgathervLayouts},
+      {"exchange_messages", ExchangeMessages},
+      {"barrier_across_processes", BarrierAcrossProcesses},
+      {"dead_peer_allreduce", [] { DeadPeer(/*exchange=*/false); }},
+      {"dead_peer_exchange", [] { DeadPeer(/*exchange=*/true); }},
+      {"peer_timeout", PeerTimeout},
+      {"attach_errors", AttachErrors},
       {"segment_errors", SegmentErrors},
-      {"bad_arguments", BadArguments},
   };
   return *scenarios;
 }
@@ -496,14 +1319,14 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "bench") {
     try {
       return tfring::Bench(std::atoi(argv[2]), std::atof(argv[3]),
-                           argc >= 5 ? std::atoi(argv[4]) : 1024);
+                           argc >= 5 ? std::atoi(argv[4]) : 32 * 1024);
     } catch (const TestFailure& failure) {
       std::printf("bench failed: %s\n", failure.message.c_str());
       return 1;
     }
   }
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <scenario|all|list> | bench <ranks> <MiB> [chunk KiB]\n",
+    std::fprintf(stderr, "usage: %s <scenario|all|list> | bench <ranks> <MiB> [slot KiB]\n",
                  argv[0]);
     return 2;
   }
