@@ -17,6 +17,11 @@ constexpr size_t kCacheLine = 64;
 // The reduction walks a slice in blocks this big, so every rank's block and
 // the result stay in the first-level cache while they are combined.
 constexpr size_t kReduceBlockBytes = 16 * 1024;
+// Chunks of large operations stay this small even in big slots: a chunk
+// and the peers' slices of it then stay in the second-level cache between
+// the copy in, the reduction and the copy out (measured: 64 MiB at 2 ranks
+// takes about half as long with 512 KiB chunks as with 16 MiB ones).
+constexpr size_t kLargestChunkBytes = 512 * 1024;
 constexpr int64_t kStreamFromBytes = 1 << 20;
 // Marks an exchange message that did not fit.
 constexpr uint64_t kOverflow = std::numeric_limits<uint64_t>::max();
@@ -113,6 +118,10 @@ char* ShmCollectives::Slot(int rank) const {
          static_cast<size_t>(rank) * slot_bytes_;
 }
 
+int64_t ShmCollectives::ChunkBytes() const {
+  return static_cast<int64_t>(std::min(slot_bytes_ / 2, kLargestChunkBytes));
+}
+
 int64_t ShmCollectives::SliceStart(int r, int64_t count, int64_t element_bytes) const {
   // Whole cache lines per slice, so no two ranks write one line.
   const int64_t line_elements = std::max<int64_t>(1, kCacheLine / element_bytes);
@@ -178,13 +187,13 @@ Status ShmCollectives::StagedAllreduce(int64_t count, DataType dtype, ReduceOp o
 Status ShmCollectives::ChunkedAllreduce(const char* input, char* output, int64_t count,
                                         DataType dtype, ReduceOp op) {
   const int64_t element_bytes = DataTypeSize(dtype);
-  const int64_t half_bytes = static_cast<int64_t>(slot_bytes_ / 2);
-  const int64_t chunk_elements = half_bytes / element_bytes;
+  const int64_t chunk_bytes = ChunkBytes();
+  const int64_t chunk_elements = chunk_bytes / element_bytes;
   const int64_t chunks = (count + chunk_elements - 1) / chunk_elements;
   // A separate output is written with streaming stores when it is too big
   // to stay in cache anyway.
   const bool stream = input != output && count * element_bytes >= kStreamFromBytes;
-  auto half = [&](int q, int64_t chunk) { return Slot(q) + (chunk % 2) * half_bytes; };
+  auto chunk_area = [&](int q, int64_t chunk) { return Slot(q) + (chunk % 2) * chunk_bytes; };
   auto elements_of = [&](int64_t chunk) {
     return std::min(chunk_elements, count - chunk * chunk_elements);
   };
@@ -199,7 +208,7 @@ Status ShmCollectives::ChunkedAllreduce(const char* input, char* output, int64_t
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       const auto [begin, end] = slice(chunk, q);
-      std::memcpy(half(rank_, chunk) + begin, from + begin, end - begin);
+      std::memcpy(chunk_area(rank_, chunk) + begin, from + begin, end - begin);
     }
   };
   auto reduce = [&](int64_t chunk) {
@@ -207,8 +216,8 @@ Status ShmCollectives::ChunkedAllreduce(const char* input, char* output, int64_t
     std::vector<const char*> sources;
     std::vector<char*> results{output + base};
     for (int q = 0; q < size_; ++q) {
-      sources.push_back(q == rank_ ? input + base : half(q, chunk));
-      if (q != rank_) results.push_back(half(q, chunk));
+      sources.push_back(q == rank_ ? input + base : chunk_area(q, chunk));
+      if (q != rank_) results.push_back(chunk_area(q, chunk));
     }
     const int64_t n = elements_of(chunk);
     ReduceSlice(sources, results, SliceStart(rank_, n, element_bytes),
@@ -220,9 +229,9 @@ Status ShmCollectives::ChunkedAllreduce(const char* input, char* output, int64_t
       if (q == rank_) continue;
       const auto [begin, end] = slice(chunk, q);
       if (stream) {
-        StreamCopy(to + begin, half(rank_, chunk) + begin, end - begin);
+        StreamCopy(to + begin, chunk_area(rank_, chunk) + begin, end - begin);
       } else {
-        std::memcpy(to + begin, half(rank_, chunk) + begin, end - begin);
+        std::memcpy(to + begin, chunk_area(rank_, chunk) + begin, end - begin);
       }
     }
   };
@@ -243,16 +252,17 @@ Status ShmCollectives::Broadcast(void* buffer, int64_t bytes, int root) {
   }
   if (bytes <= 0) return Status::OK();
   char* data = static_cast<char*>(buffer);
-  const int64_t half_bytes = static_cast<int64_t>(slot_bytes_ / 2);
-  // The root writes chunk c into half c % 2 of its slot; the others copy it
-  // out after the barrier. Writing chunk c + 2 into the same half comes after
-  // the next barrier, which the readers of chunk c reach only when done.
-  for (int64_t offset = 0, chunk = 0; offset < bytes; offset += half_bytes, ++chunk) {
-    const int64_t n = std::min(half_bytes, bytes - offset);
-    char* half = Slot(root) + (chunk % 2) * half_bytes;
-    if (rank_ == root) std::memcpy(half, data + offset, n);
+  const int64_t chunk_bytes = ChunkBytes();
+  // The root writes chunk c into chunk area c % 2 of its slot; the others
+  // copy it out after the barrier. Writing chunk c + 2 into the same area
+  // comes after the next barrier, which the readers of chunk c reach only
+  // when done.
+  for (int64_t offset = 0, chunk = 0; offset < bytes; offset += chunk_bytes, ++chunk) {
+    const int64_t n = std::min(chunk_bytes, bytes - offset);
+    char* area = Slot(root) + (chunk % 2) * chunk_bytes;
+    if (rank_ == root) std::memcpy(area, data + offset, n);
     TFRING_RETURN_IF_ERROR(DataBarrier("broadcast"));
-    if (rank_ != root) std::memcpy(data + offset, half, n);
+    if (rank_ != root) std::memcpy(data + offset, area, n);
   }
   // Nobody reads the root's slot once this returns.
   return DataBarrier("broadcast");
@@ -278,17 +288,18 @@ Status ShmCollectives::Allgatherv(const void* input, void* output,
     std::memmove(out + offsets[rank_], mine, bytes_per_rank[rank_]);
     mine = out + offsets[rank_];
   }
-  const int64_t half_bytes = static_cast<int64_t>(slot_bytes_ / 2);
-  // Round j: every rank puts bytes [j * half, (j + 1) * half) of its part
-  // into half j % 2 of its slot; after the barrier each copies the others'.
-  for (int64_t offset = 0, round = 0; offset < largest; offset += half_bytes, ++round) {
-    const int64_t own = std::max<int64_t>(0, std::min(half_bytes, bytes_per_rank[rank_] - offset));
-    if (own > 0) std::memcpy(Slot(rank_) + (round % 2) * half_bytes, mine + offset, own);
+  const int64_t chunk_bytes = ChunkBytes();
+  // Round j: every rank puts bytes [j * chunk, (j + 1) * chunk) of its part
+  // into chunk area j % 2 of its slot; after the barrier each copies the
+  // others'.
+  for (int64_t offset = 0, round = 0; offset < largest; offset += chunk_bytes, ++round) {
+    const int64_t own = std::max<int64_t>(0, std::min(chunk_bytes, bytes_per_rank[rank_] - offset));
+    if (own > 0) std::memcpy(Slot(rank_) + (round % 2) * chunk_bytes, mine + offset, own);
     TFRING_RETURN_IF_ERROR(DataBarrier("allgather"));
     for (int q = 0; q < size_; ++q) {
-      const int64_t n = std::max<int64_t>(0, std::min(half_bytes, bytes_per_rank[q] - offset));
+      const int64_t n = std::max<int64_t>(0, std::min(chunk_bytes, bytes_per_rank[q] - offset));
       if (q == rank_ || n == 0) continue;
-      std::memcpy(out + offsets[q] + offset, Slot(q) + (round % 2) * half_bytes, n);
+      std::memcpy(out + offsets[q] + offset, Slot(q) + (round % 2) * chunk_bytes, n);
     }
   }
   return DataBarrier("allgather");

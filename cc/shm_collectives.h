@@ -19,8 +19,9 @@
 //    r of every slot and writes the result into slice r of every slot;
 //    barrier; the caller unpacks the result from its own slot. No copy in,
 //    two barriers in all.
-//  - chunked (any other buffers): the data moves in chunks through the two
-//    halves of the slots. Rank r copies the slices the other ranks reduce
+//  - chunked (any other buffers): the data moves in chunks (of at most
+//    512 KiB, which stay in cache) through the first two chunks of the
+//    slots, used alternately. Rank r copies the slices the other ranks reduce
 //    into its slot, reduces its own slice from its own input and the others'
 //    slots into its output and their slots, and copies the others' results
 //    out of its own slot. One barrier per chunk: the reduction of chunk c
@@ -104,6 +105,8 @@ class ShmCollectives {
                  std::vector<int> job_ranks, std::chrono::nanoseconds timeout);
 
   char* Slot(int rank) const;
+  // Bytes per chunk of a chunked operation (a half slot at most).
+  int64_t ChunkBytes() const;
   char* ExchangeArea(uint64_t call, int rank) const;
   Status DataBarrier(const char* what) { return barrier_.Wait(what, timeout_); }
   // The first element of slice `r` of `count` elements (cache-line aligned).
