@@ -7,6 +7,7 @@
 
 #include "cc/autotune_config.h"
 #include "cc/logging.h"
+#include "cc/thread_tuning.h"
 
 namespace tfring {
 namespace {
@@ -248,6 +249,7 @@ bool BackgroundLoop::AnyPending() const {
 }
 
 void BackgroundLoop::Run() {
+  TuneLatencySensitiveThread();
   using Clock = std::chrono::steady_clock;
   const auto milliseconds = [](double ms) {
     return std::chrono::duration_cast<Clock::duration>(

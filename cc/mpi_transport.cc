@@ -1,6 +1,7 @@
 #include "cc/mpi_transport.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <string>
 #include <thread>
@@ -153,21 +154,27 @@ MpiTransport::~MpiTransport() {
 }
 
 Status MpiTransport::Wait(MPI_Request* request, const char* what) {
-  // Poll without sleeping briefly (the answer is usually microseconds away),
-  // then back off so an idle rank costs little CPU.
-  constexpr int kBusyPolls = 200;
-  // The longest a completed round can go unnoticed; also bounds idle wake-ups.
-  constexpr int kMaxNapMicroseconds = 100;
-  int polls = 0;
-  std::chrono::microseconds nap(10);
+  // A peer already in the round answers within microseconds: poll without
+  // pause for a short while. Past that the peer is busy (computing, or not
+  // scheduled), perhaps for milliseconds: nap between polls, each nap a
+  // fixed fraction of the time waited so far. Noticing the answer late then
+  // adds at most that fraction to the wait, and a rank waiting long for a
+  // busy peer wakes ever more rarely, leaving the core to TensorFlow. (Naps
+  // last as long as asked: see thread_tuning.h.)
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  constexpr int kNapFraction = 8;
+  constexpr auto kMinNap = std::chrono::microseconds(5);
+  // Also bounds how long a completed round can go unnoticed.
+  constexpr auto kMaxNap = std::chrono::microseconds(200);
+  const Clock::time_point start = Clock::now();
   while (true) {
     int done = 0;
     TFRING_MPI_CALL(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
     if (done) return Status::OK();
-    if (++polls > kBusyPolls) {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(kMaxNapMicroseconds));
-    }
+    const Clock::duration waited = Clock::now() - start;
+    if (waited < kSpin) continue;
+    std::this_thread::sleep_for(std::clamp<Clock::duration>(waited / kNapFraction, kMinNap, kMaxNap));
   }
 }
 

@@ -1,9 +1,9 @@
 // MpiTransport: the Transport over an MPI communicator.
 //
-// Negotiation messages use non-blocking MPI calls completed by polling with
-// short sleeps: a blocking MPI collective busy-waits, and an idle background
-// thread doing that every millisecond would take a core from TensorFlow (and
-// slow the user's own mpi4py calls). Data collectives use blocking MPI calls,
+// Negotiation messages use non-blocking MPI calls completed by polling, with
+// naps that grow with the wait: a blocking MPI collective busy-waits, and an
+// idle background thread doing that every millisecond would take a core from
+// TensorFlow (and slow the user's own mpi4py calls). Data collectives use blocking MPI calls,
 // which pick MPI's tuned algorithms for large buffers.
 //
 // tfring always works on its own duplicate of the user's communicator, so its
@@ -53,7 +53,7 @@ class MpiTransport : public Transport {
 
  private:
   MpiTransport() = default;
-  // Completes a non-blocking request, sleeping briefly between polls.
+  // Completes a non-blocking request: polls, then naps between polls.
   Status Wait(MPI_Request* request, const char* what);
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -19,18 +19,23 @@ void CompleteEntry(TensorEntry& entry, const Status& result) {
 }
 
 Status TensorQueue::Add(TensorEntry entry) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (closed_) return close_reason_;
-  const std::string& name = entry.request.name;
-  if (in_flight_.count(name)) {
-    return Status::InvalidArgument(
-        "tfring: a " + std::string(CollectiveTypeName(entry.request.type)) + " named '" + name +
-        "' is already in flight on this rank. Each collective in flight needs a unique name: "
-        "pass a distinct name= to each call that runs concurrently, or wait for the first one "
-        "to finish.");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return close_reason_;
+    const std::string& name = entry.request.name;
+    if (in_flight_.count(name)) {
+      return Status::InvalidArgument(
+          "tfring: a " + std::string(CollectiveTypeName(entry.request.type)) + " named '" +
+          name +
+          "' is already in flight on this rank. Each collective in flight needs a unique name: "
+          "pass a distinct name= to each call that runs concurrently, or wait for the first "
+          "one to finish.");
+    }
+    new_requests_.push_back(SubmittedRequest{entry.request, std::chrono::steady_clock::now()});
+    in_flight_.emplace(name, std::move(entry));
   }
-  new_requests_.push_back(SubmittedRequest{entry.request, std::chrono::steady_clock::now()});
-  in_flight_.emplace(name, std::move(entry));
+  // After unlocking: the background thread preempts on waking (see
+  // thread_tuning.h) and would otherwise block at once on the mutex.
   work_arrived_.notify_one();
   return Status::OK();
 }
@@ -78,8 +83,10 @@ void TensorQueue::WaitForWork(std::chrono::steady_clock::time_point deadline) {
 }
 
 void TensorQueue::Wake() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  woken_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
   work_arrived_.notify_one();
 }
 
