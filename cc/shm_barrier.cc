@@ -35,11 +35,13 @@ struct alignas(64) ShmBarrier::Doorbell {
 
 namespace {
 
-// A few microseconds of polling before sleeping: peers in step arrive
-// within that. No sched_yield phase: on a busy host a yielding thread can
-// wait a whole time slice behind TensorFlow's threads before it runs again,
-// while a futex wake-up puts it back at once.
-constexpr int kSpins = 128;
+// Polling before sleeping: peers in step arrive within tens of
+// microseconds, and waking from a futex costs about as much on a virtual
+// machine. No sched_yield phase: on a busy host a yielding thread can wait a
+// whole time slice behind TensorFlow's threads before it runs again, while a
+// futex wake-up puts it back at once.
+constexpr std::chrono::microseconds kSpinFor{50};
+constexpr int kSpinsPerClockRead = 64;
 // The longest single sleep: bounds how late a failed peer is noticed.
 constexpr std::chrono::milliseconds kLongestSleep{2};
 constexpr std::chrono::milliseconds kLivenessCheckEvery{10};
@@ -153,12 +155,14 @@ Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
     bell.ring.fetch_add(1, std::memory_order_seq_cst);
     WakeAll(&bell.ring);
   }
-  for (int spin = 0; spin < kSpins; ++spin) {
-    if (AllArrived(target)) return Status::OK();
-    CpuRelax();
-  }
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
+  while (Clock::now() - start < kSpinFor) {
+    for (int spin = 0; spin < kSpinsPerClockRead; ++spin) {
+      if (AllArrived(target)) return Status::OK();
+      CpuRelax();
+    }
+  }
   Clock::time_point next_liveness_check = start + kLivenessCheckEvery;
   while (!AllArrived(target)) {
     const Clock::time_point now = Clock::now();

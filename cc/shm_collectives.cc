@@ -22,7 +22,7 @@ constexpr size_t kReduceBlockBytes = 16 * 1024;
 // the copy in, the reduction and the copy out (measured: 64 MiB at 2 ranks
 // takes about half as long with 512 KiB chunks as with 16 MiB ones).
 constexpr size_t kLargestChunkBytes = 512 * 1024;
-constexpr int64_t kStreamFromBytes = 1 << 20;
+constexpr int64_t kStreamFromBytes = 16 << 20;
 // Marks an exchange message that did not fit.
 constexpr uint64_t kOverflow = std::numeric_limits<uint64_t>::max();
 
