@@ -166,14 +166,13 @@ Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
   Clock::time_point next_liveness_check = start + kLivenessCheckEvery;
   while (!AllArrived(target)) {
     const Clock::time_point now = Clock::now();
-    const std::string me = Describe({rank_});
     if (now >= next_liveness_check) {
       next_liveness_check = now + kLivenessCheckEvery;
       const std::vector<int> exited = Exited(Missing(target));
       if (!exited.empty()) {
         const std::string them = Describe(exited);
         broken_ = Status::Aborted(
-            "tfring: " + them + " exited while " + me + " waited for it in a shared-memory " +
+            "tfring: " + them + " exited while " + Describe({rank_}) + " waited for it in a shared-memory " +
             what + "; the job cannot go on without it. Look at " + them +
             "'s output for why it ended (an exception, a signal, the out-of-memory killer).");
         return broken_;
@@ -184,7 +183,7 @@ Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
       if (missing.empty()) break;  // arrived just now
       broken_ = Status::Aborted(
           "tfring: " + Describe(missing) + " did not reach a shared-memory " + what +
-          " within " + Seconds(timeout) + " while " + me + " waited (step " +
+          " within " + Seconds(timeout) + " while " + Describe({rank_}) + " waited (step " +
           std::to_string(target) + "). Its process is alive but stopped taking part "
           "(suspended, or stuck); the ranks can no longer agree, so the job cannot go on.");
       return broken_;

@@ -110,18 +110,30 @@ Status ShmTransport::Connect(Transport* inner, std::unique_ptr<Transport> owned,
   return Status::OK();
 }
 
+Status ShmTransport::ExchangeWords(const void* data, size_t bytes,
+                                   std::vector<const char*>* messages) {
+  std::vector<std::pair<const char*, size_t>> views;
+  bool fits = false;
+  TFRING_RETURN_IF_ERROR(shm_->Exchange(data, bytes, &views, &fits));
+  messages->clear();
+  for (const auto& [message, length] : views) {
+    if (length != bytes) {
+      return Status::Aborted("tfring: the ranks exchanged negotiation words of different "
+                             "lengths (" + std::to_string(length) + " and " +
+                             std::to_string(bytes) +
+                             " bytes); the ranks no longer make matching calls");
+    }
+    messages->push_back(message);
+  }
+  return Status::OK();
+}
+
 Status ShmTransport::BitwiseAndAllreduce(std::vector<uint64_t>* words) {
   const size_t bytes = words->size() * sizeof(uint64_t);
   if (bytes > ShmCollectives::kExchangeCapacity) return inner_->BitwiseAndAllreduce(words);
-  std::vector<std::pair<const char*, size_t>> views;
-  bool fits = false;
-  TFRING_RETURN_IF_ERROR(shm_->Exchange(words->data(), bytes, &views, &fits));
-  for (const auto& [data, length] : views) {
-    if (length != bytes) {
-      return Status::Aborted("tfring: negotiation words differ in length between ranks (" +
-                             std::to_string(length) + " and " + std::to_string(bytes) +
-                             " bytes); the ranks no longer make matching calls");
-    }
+  std::vector<const char*> messages;
+  TFRING_RETURN_IF_ERROR(ExchangeWords(words->data(), bytes, &messages));
+  for (const char* data : messages) {
     for (size_t i = 0; i < words->size(); ++i) {
       uint64_t word;
       std::memcpy(&word, data + i * sizeof(uint64_t), sizeof(word));
@@ -157,17 +169,11 @@ Status ShmTransport::AllgatherInt64s(const std::vector<int64_t>& local,
                                      std::vector<int64_t>* all) {
   const size_t bytes = local.size() * sizeof(int64_t);
   if (bytes > ShmCollectives::kExchangeCapacity) return inner_->AllgatherInt64s(local, all);
-  std::vector<std::pair<const char*, size_t>> views;
-  bool fits = false;
-  TFRING_RETURN_IF_ERROR(shm_->Exchange(local.data(), bytes, &views, &fits));
-  all->resize(local.size() * views.size());
-  for (size_t q = 0; q < views.size(); ++q) {
-    if (views[q].second != bytes) {
-      return Status::Aborted("tfring: ranks gathered different numbers of words (" +
-                             std::to_string(views[q].second) + " and " + std::to_string(bytes) +
-                             " bytes); the ranks no longer make matching calls");
-    }
-    if (bytes > 0) std::memcpy(all->data() + q * local.size(), views[q].first, bytes);
+  std::vector<const char*> messages;
+  TFRING_RETURN_IF_ERROR(ExchangeWords(local.data(), bytes, &messages));
+  all->resize(local.size() * messages.size());
+  for (size_t q = 0; q < messages.size(); ++q) {
+    if (bytes > 0) std::memcpy(all->data() + q * local.size(), messages[q], bytes);
   }
   return Status::OK();
 }

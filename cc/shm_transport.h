@@ -62,6 +62,11 @@ class ShmTransport : public Transport {
   void* StagingBuffer(int64_t bytes) override;
 
  private:
+  // Every rank publishes `bytes` bytes (at most the exchange capacity, the
+  // same on every rank); (*messages)[r] is rank r's. Aborted if a rank's
+  // length differs: the ranks' calls no longer match.
+  Status ExchangeWords(const void* data, size_t bytes, std::vector<const char*>* messages);
+
   ShmTransport(Transport* inner, std::unique_ptr<Transport> owned,
                std::unique_ptr<ShmSegment> segment, std::unique_ptr<ShmCollectives> shm)
       : inner_(inner), owned_(std::move(owned)), segment_(std::move(segment)),
