@@ -109,11 +109,22 @@ TFRING_EXPORT bool MpiThreadsSupported();
 // (shm_transport.h); false before init.
 TFRING_EXPORT bool SharedMemoryEnabled();
 
+// Tensors submitted by one grouped call (grouped_allreduce). The background
+// thread is woken when the last of `size` members with the same `key` has
+// arrived, not by each, so the group meets in one negotiation round instead
+// of trickling into several. Only a hint about this process's submissions:
+// keys need not match across ranks, and members still held when the
+// thread wakes for another reason (new work, its cycle) go into that round.
+struct SubmissionGroup {
+  int64_t key = 0;
+  int32_t size = 1;  // 1: not part of a group
+};
+
 // Hands one tensor to the background thread. Returns an error immediately
 // (and does not call `done`) if the core is not running or the name is
 // already in flight; otherwise `done` is called exactly once later.
 TFRING_EXPORT Status Enqueue(Request request, TensorBuffers buffers,
-                             DoneCallback done);
+                             DoneCallback done, SubmissionGroup group = {});
 
 // Starts rank 0's timeline: a Chrome trace-event file at `path` (see
 // docs/timeline.md) of every collective from now on; `mark_cycles` adds a

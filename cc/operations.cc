@@ -353,7 +353,7 @@ bool MpiThreadsSupported() {
   return provided == MPI_THREAD_MULTIPLE;
 }
 
-Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
+Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done, SubmissionGroup group) {
   CoreState& state = State();
   std::shared_ptr<TensorQueue> queue;
   std::shared_ptr<ProcessSetRegistry> registry;
@@ -412,7 +412,7 @@ Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done) {
           " on uint8, int8, int32, int64, float16, bfloat16, float32, float64.");
     }
   }
-  return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)});
+  return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)}, group);
 }
 
 Status StartTimeline(const std::string& path, bool mark_cycles) {

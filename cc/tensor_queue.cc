@@ -18,7 +18,8 @@ void CompleteEntry(TensorEntry& entry, const Status& result) {
   }
 }
 
-Status TensorQueue::Add(TensorEntry entry) {
+Status TensorQueue::Add(TensorEntry entry, SubmissionGroup group) {
+  bool wake = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return close_reason_;
@@ -33,10 +34,21 @@ Status TensorQueue::Add(TensorEntry entry) {
     }
     new_requests_.push_back(SubmittedRequest{entry.request, std::chrono::steady_clock::now()});
     in_flight_.emplace(name, std::move(entry));
+    if (group.size > 1) {
+      GroupProgress& progress = incomplete_groups_[group.key];
+      if (++progress.arrived < group.size) {
+        ++progress.held;
+        ++held_for_groups_;
+        wake = false;
+      } else {
+        held_for_groups_ -= progress.held;
+        incomplete_groups_.erase(group.key);
+      }
+    }
   }
   // After unlocking: the background thread preempts on waking (see
   // thread_tuning.h) and would otherwise block at once on the mutex.
-  work_arrived_.notify_one();
+  if (wake) work_arrived_.notify_one();
   return Status::OK();
 }
 
@@ -44,6 +56,11 @@ std::vector<SubmittedRequest> TensorQueue::TakeNewRequests() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<SubmittedRequest> taken;
   taken.swap(new_requests_);
+  // Members of an incomplete group taken now (the thread woke for other
+  // work or its cycle) go into this round; the group's last member still
+  // wakes the thread for the rest.
+  for (auto& [key, progress] : incomplete_groups_) progress.held = 0;
+  held_for_groups_ = 0;
   return taken;
 }
 
@@ -73,12 +90,15 @@ std::vector<TensorEntry> TensorQueue::Close(const Status& reason) {
   for (auto& [name, entry] : in_flight_) remaining.push_back(std::move(entry));
   in_flight_.clear();
   new_requests_.clear();
+  incomplete_groups_.clear();
+  held_for_groups_ = 0;
   return remaining;
 }
 
 void TensorQueue::WaitForWork(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
-  work_arrived_.wait_until(lock, deadline, [&] { return !new_requests_.empty() || woken_; });
+  work_arrived_.wait_until(lock, deadline,
+                           [&] { return new_requests_.size() > held_for_groups_ || woken_; });
   woken_ = false;
 }
 

@@ -37,8 +37,10 @@ void CompleteEntry(TensorEntry& entry, const Status& result);
 
 class TensorQueue {
  public:
-  // Fails if the queue is closed or the name is already in flight.
-  Status Add(TensorEntry entry);
+  // Fails if the queue is closed or the name is already in flight. A member
+  // of a group wakes the background thread only when it completes the
+  // group (see SubmissionGroup).
+  Status Add(TensorEntry entry, SubmissionGroup group = {});
   // Requests added since the last call, in submission order.
   std::vector<SubmittedRequest> TakeNewRequests();
   // Removes and returns the in-flight entry for `name` (must exist).
@@ -49,7 +51,8 @@ class TensorQueue {
   // Closes the queue (later Adds fail with `reason`) and returns every entry
   // still in flight.
   std::vector<TensorEntry> Close(const Status& reason);
-  // Blocks until a new request arrives, `deadline` passes, or Wake is called.
+  // Blocks until a new request arrives that no incomplete group holds back,
+  // `deadline` passes, or Wake is called.
   void WaitForWork(std::chrono::steady_clock::time_point deadline);
   void Wake();
 
@@ -58,6 +61,14 @@ class TensorQueue {
   std::condition_variable work_arrived_;
   std::unordered_map<std::string, TensorEntry> in_flight_;
   std::vector<SubmittedRequest> new_requests_;
+  // Groups not yet complete, by key: members arrived, and those of them
+  // still in new_requests_ (held back from waking the thread).
+  struct GroupProgress {
+    int32_t arrived = 0;
+    int32_t held = 0;
+  };
+  std::unordered_map<int64_t, GroupProgress> incomplete_groups_;
+  size_t held_for_groups_ = 0;  // the sum of `held` above
   bool woken_ = false;
   bool closed_ = false;
   Status close_reason_;

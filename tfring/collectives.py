@@ -11,6 +11,7 @@
 # tf.errors.FailedPreconditionError. The data itself never passes through
 # Python: each function only builds TensorFlow ops from tfring.ops.
 
+import itertools
 import numbers
 import warnings
 
@@ -222,14 +223,14 @@ def _allreduce_slices(slices, op, name, device_sparse, membership):
 
 
 def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
-                     compression, device_dense, membership):
+                     compression, device_dense, membership, group=None):
     with tf.device(device_dense):
         return compressed_collective(
             compression, tensor,
             lambda compressed: _ops.allreduce_op(
                 compressed, op, prescale_factor=prescale_factor,
                 postscale_factor=postscale_factor, name=name,
-                process_set_id=membership.id))
+                process_set_id=membership.id, group=group))
 
 
 def compressed_collective(compression, tensor, collective):
@@ -299,9 +300,16 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
                             name, compression, device_dense, membership)
 
 
+# Ids of grouped calls, per process (SubmissionGroup in cc/api.h): the dense
+# members of one call carry the same id and their count.
+_group_keys = itertools.count(1)
+
+
 def _grouped_body(tensors, op, prescale_factor, postscale_factor,
                   compression, device_dense, device_sparse, name,
                   membership):
+    dense = sum(not isinstance(t, tf.IndexedSlices) for t in tensors)
+    group = (next(_group_keys), dense) if dense > 1 else None
     results = []
     for i, t in enumerate(tensors):
         member_name = None if name is None else f"{name}.{i}"
@@ -312,7 +320,7 @@ def _grouped_body(tensors, op, prescale_factor, postscale_factor,
             results.append(_allreduce_dense(t, op, prescale_factor,
                                             postscale_factor, member_name,
                                             compression, device_dense,
-                                            membership))
+                                            membership, group))
     return results
 
 

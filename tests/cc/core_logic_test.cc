@@ -7,6 +7,7 @@
 // tests/test_core_logic.py for world sizes 1..8.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <unistd.h>
 
@@ -1095,6 +1097,94 @@ void TestAutotuneSwitching(int size) {
                                                               << " threshold pairs");
 }
 
+// Members of a grouped call (SubmissionGroup) do not wake the background
+// thread until the last one arrives; any other request does, and a wake-up
+// takes the held members too. Then, in a cluster, groups whose members are
+// submitted slowly and in a different order on every rank all complete.
+void TestGroupedSubmission(int size) {
+  using Clock = std::chrono::steady_clock;
+  auto entry = [](const std::string& name) {
+    return TensorEntry{MakeRequest(name, CollectiveType::kAllreduce, DataType::kFloat32, {1}),
+                       TensorBuffers{}, [](const Status&) {}};
+  };
+  auto blocked_for = [](TensorQueue& queue, std::chrono::milliseconds limit) {
+    const Clock::time_point start = Clock::now();
+    queue.WaitForWork(start + limit);
+    return Clock::now() - start;
+  };
+  const auto held = std::chrono::milliseconds(60);
+  const auto long_wait = std::chrono::seconds(20);
+  TensorQueue queue;
+  EXPECT_TRUE(queue.Add(entry("g.0"), SubmissionGroup{7, 3}).ok(), "add g.0");
+  EXPECT_TRUE(queue.Add(entry("g.1"), SubmissionGroup{7, 3}).ok(), "add g.1");
+  // Two of three: nothing wakes the thread before the deadline.
+  EXPECT_TRUE(blocked_for(queue, held) >= held, "woke for an incomplete group");
+  std::thread last([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    queue.Add(entry("g.2"), SubmissionGroup{7, 3});
+  });
+  EXPECT_TRUE(blocked_for(queue, long_wait) < long_wait / 2, "the last member did not wake it");
+  last.join();
+  std::vector<SubmittedRequest> taken = queue.TakeNewRequests();
+  EXPECT_TRUE(taken.size() == 3 && taken[0].request.name == "g.0" &&
+                  taken[2].request.name == "g.2",
+              "took " << taken.size() << " requests");
+
+  // An ordinary request wakes it at once and takes the held member along;
+  // the group's last member still wakes it afterwards.
+  EXPECT_TRUE(queue.Add(entry("h.0"), SubmissionGroup{8, 2}).ok(), "add h.0");
+  EXPECT_TRUE(queue.Add(entry("single"), SubmissionGroup{}).ok(), "add single");
+  EXPECT_TRUE(blocked_for(queue, long_wait) < long_wait / 2, "an ordinary request did not wake it");
+  taken = queue.TakeNewRequests();
+  EXPECT_TRUE(taken.size() == 2, "took " << taken.size() << " requests, expected h.0 and single");
+  EXPECT_TRUE(blocked_for(queue, held) >= held, "woke with nothing new");
+  EXPECT_TRUE(queue.Add(entry("h.1"), SubmissionGroup{8, 2}).ok(), "add h.1");
+  EXPECT_TRUE(blocked_for(queue, long_wait) < long_wait / 2, "the rest of a group taken early did not wake it");
+  EXPECT_TRUE(queue.TakeNewRequests().size() == 1, "h.1 not taken");
+  for (const char* name : {"g.0", "g.1", "g.2", "h.0", "single", "h.1"}) queue.Take(name);
+
+  // End to end: 4 groups of 5 per rank, members submitted in a rank-specific
+  // order with pauses, and a member missing from one group on every rank
+  // (it never arrives, as when a kernel fails before submitting).
+  LoopbackCluster cluster(size, TestConfig());
+  std::vector<std::unique_ptr<Submitted>> submitted(size * 4 * 5);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < size; ++rank) {
+    ranks.emplace_back([&, rank] {
+      std::mt19937 random(rank);
+      for (int g = 0; g < 4; ++g) {
+        std::vector<int> order{0, 1, 2, 3, 4};
+        std::shuffle(order.begin(), order.end(), random);
+        for (int member : order) {
+          if (g == 3 && member == 4) continue;  // never submitted
+          if (random() % 3 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          const std::string name = "grad." + std::to_string(g) + "." + std::to_string(member);
+          submitted[(rank * 4 + g) * 5 + member] =
+              Submit(cluster.rank(rank),
+                     MakeRequest(name, CollectiveType::kAllreduce, DataType::kFloat32, {3}),
+                     Bytes(std::vector<float>(3, static_cast<float>(rank + g + member))), {},
+                     SubmissionGroup{100 + g, 5});
+        }
+      }
+    });
+  }
+  for (std::thread& thread : ranks) thread.join();
+  for (int rank = 0; rank < size; ++rank) {
+    for (int g = 0; g < 4; ++g) {
+      for (int member = 0; member < 5; ++member) {
+        Submitted* one = submitted[(rank * 4 + g) * 5 + member].get();
+        if (one == nullptr) continue;
+        const Status status = Await(*one);
+        EXPECT_TRUE(status.ok(), status.message());
+        const float expected = size * (size - 1) / 2.0f + size * (g + member);
+        EXPECT_TRUE(Values<float>(one->output, 3) == std::vector<float>(3, expected),
+                    "grad." << g << "." << member << " on rank " << rank);
+      }
+    }
+  }
+  cluster.Stop();
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -1118,6 +1208,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"process_sets", TestProcessSets},
       {"join", TestJoin},
       {"autotune_switching", TestAutotuneSwitching},
+      {"grouped_submission", TestGroupedSubmission},
   };
   return scenarios;
 }

@@ -124,7 +124,8 @@ struct Submitted {
 // `splits`: alltoall only (empty: even split).
 inline std::unique_ptr<Submitted> Submit(RankContext& context, Request request,
                                          std::vector<uint8_t> input,
-                                         std::vector<int64_t> splits = {}) {
+                                         std::vector<int64_t> splits = {},
+                                         SubmissionGroup group = {}) {
   auto submitted = std::make_unique<Submitted>();
   submitted->input = std::move(input);
   Submitted* raw = submitted.get();
@@ -147,7 +148,8 @@ inline std::unique_ptr<Submitted> Submit(RankContext& context, Request request,
   }
   auto done = raw->done;
   raw->enqueue_status = context.queue->Add(
-      TensorEntry{std::move(request), buffers, [done](const Status& s) { done->set_value(s); }});
+      TensorEntry{std::move(request), buffers, [done](const Status& s) { done->set_value(s); }},
+      group);
   if (!raw->enqueue_status.ok()) done->set_value(raw->enqueue_status);
   return submitted;
 }

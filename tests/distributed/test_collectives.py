@@ -269,6 +269,30 @@ def test_grouped_allreduce(op, mode, size, rank):
                                        tf.cast(want, tf.float64).numpy())
 
 
+def test_grouped_allreduce_members_are_submitted_as_one_group(rank):
+    # The dense members of one grouped call carry one group key and their
+    # count, so the core wakes once for the group; IndexedSlices members and
+    # separate calls are not part of it.
+    def run(ts, slices):
+        grouped = tfring.grouped_allreduce(ts + [slices], op=tfring.Sum)
+        again = tfring.grouped_allreduce(ts[:2], op=tfring.Sum)
+        single = tfring.allreduce(ts[0], op=tfring.Sum)
+        return grouped, again, single
+
+    tensors = [tf.ones([k + 1]) for k in range(3)]
+    graph = tf.function(run).get_concrete_function(
+        tensors, _rank_slices(rank)).graph
+    groups = [(op.get_attr("group_key"), op.get_attr("group_size"))
+              for op in graph.get_operations()
+              if op.type == "Tfring>Allreduce"]
+    assert len(groups) == 6, groups
+    first, second, single = groups[:3], groups[3:5], groups[5]
+    assert len(set(first)) == 1 and first[0][1] == 3 and first[0][0] > 0
+    assert len(set(second)) == 1 and second[0][1] == 2
+    assert second[0][0] != first[0][0]
+    assert single == (0, 1)
+
+
 def test_grouped_allreduce_empty_and_compression(size, rank):
     assert tfring.grouped_allreduce([]) == []
     results = tfring.grouped_allreduce(

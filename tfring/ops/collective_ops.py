@@ -196,7 +196,8 @@ def _reject_under_xla(what, why):
 
 
 def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
-                 postscale_factor=1.0, name=None, process_set_id=0):
+                 postscale_factor=1.0, name=None, process_set_id=0,
+                 group=None):
     """Reduces `tensor` element-wise over all ranks; all get the result.
 
     Args:
@@ -209,15 +210,21 @@ def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
       postscale_factor: multiplies the result after the reduction.
       name: the cross-rank name (see the module docstring).
       process_set_id: the process set to reduce over (0: every rank).
+      group: (key, size) when this op is one of `size` made by one grouped
+        call (key: this process's id of that call); the core then starts
+        the group's negotiation once all of them are submitted.
 
     Returns:
       A tensor of the same shape and dtype as `tensor`.
     """
+    group_key, group_size = group if group is not None else (0, 1)
     return _create_collective(_ops_library.tfring_allreduce, "allreduce",
                               tensor, name, process_set_id,
                               reduce_op=int(reduce_op),
                               prescale_factor=float(prescale_factor),
-                              postscale_factor=float(postscale_factor))
+                              postscale_factor=float(postscale_factor),
+                              group_key=int(group_key),
+                              group_size=int(group_size))
 
 
 def allgather_op(tensor, name=None, process_set_id=0):

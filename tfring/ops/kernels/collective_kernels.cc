@@ -58,6 +58,11 @@ class CollectiveKernel : public AsyncOpKernel {
     // wrappers already did, when the op was built).
     OP_REQUIRES_OK(context,
                    context->GetAttr("process_set_id", &process_set_id_));
+    // Only ops that grouped calls create have these (allreduce).
+    if (context->HasAttr("group_size")) {
+      OP_REQUIRES_OK(context, context->GetAttr("group_key", &group_.key));
+      OP_REQUIRES_OK(context, context->GetAttr("group_size", &group_.size));
+    }
   }
 
  protected:
@@ -101,8 +106,8 @@ class CollectiveKernel : public AsyncOpKernel {
 
   // Allreduce and broadcast: the output has the input's shape and reuses the
   // input's buffer when TensorFlow allows it (the core then works in place).
-  static void EnqueueWithOutputLikeInput(OpKernelContext* context, Request request,
-                                         DoneCallback done) {
+  void EnqueueWithOutputLikeInput(OpKernelContext* context, Request request,
+                                  DoneCallback done) const {
     const Tensor& input = context->input(0);
     Tensor* output = nullptr;
     OP_REQUIRES_OK_ASYNC(
@@ -134,8 +139,8 @@ class CollectiveKernel : public AsyncOpKernel {
 
   // Allgather and reducescatter: the output's shape depends on the other
   // ranks or this rank's position, so the core asks for it when known.
-  static void EnqueueWithOutputFromCore(OpKernelContext* context,
-                                        Request request, DoneCallback done) {
+  void EnqueueWithOutputFromCore(OpKernelContext* context, Request request,
+                                 DoneCallback done) const {
     TensorBuffers buffers;
     buffers.input = context->input(0).data();
     buffers.allocate_output = PooledOutputAllocator(context);
@@ -147,9 +152,9 @@ class CollectiveKernel : public AsyncOpKernel {
   // once; on failure the core does not, so `done` is called here.
   // `finish`, when set, runs after a successful collective (to write further
   // outputs) and may still fail the op.
-  static void EnqueueOrFail(OpKernelContext* context, Request request,
-                            TensorBuffers buffers, DoneCallback done,
-                            std::function<absl::Status()> finish = nullptr) {
+  void EnqueueOrFail(OpKernelContext* context, Request request,
+                     TensorBuffers buffers, DoneCallback done,
+                     std::function<absl::Status()> finish = nullptr) const {
     ::tfring::Status status = Enqueue(
         std::move(request), std::move(buffers),
         [context, done, finish](const ::tfring::Status& result) {
@@ -157,7 +162,8 @@ class CollectiveKernel : public AsyncOpKernel {
           if (outcome.ok() && finish) outcome = finish();
           context->SetStatus(outcome);
           done();
-        });
+        },
+        group_);
     if (!status.ok()) {
       context->SetStatus(ToTfStatus(status));
       done();
@@ -169,6 +175,7 @@ class CollectiveKernel : public AsyncOpKernel {
   const char* const type_name_;
   std::string tensor_name_;
   int32_t process_set_id_ = 0;
+  SubmissionGroup group_;
 };
 
 // What allreduce and reducescatter share: the reduce op (checked by

@@ -77,6 +77,10 @@ REGISTER_OP("Tfring>Allreduce")
     // The process set the collective runs in (0: every rank of the job);
     // only its ranks run it. root_rank stays a rank of the job.
     .Attr("process_set_id: int = 0")
+    // One grouped call's members share a key (local to this process) and
+    // know how many they are: the core wakes its thread once for them all.
+    .Attr("group_key: int = 0")
+    .Attr("group_size: int = 1")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 
 REGISTER_OP("Tfring>Allgather")
