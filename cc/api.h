@@ -105,9 +105,18 @@ TFRING_EXPORT Config EffectiveConfig();
 // Whether the MPI library provides MPI_THREAD_MULTIPLE.
 TFRING_EXPORT bool MpiThreadsSupported();
 
+// How the global set's allreduces move data (data_path.h).
+enum class DataPath {
+  kMpi,           // MPI alone
+  kSharedMemory,  // every rank on one host: a shared segment (shm_transport.h)
+  kHierarchical,  // several hosts: inside each host, then across (hierarchical_transport.h)
+};
+
 // Whether the running job's ranks move data through shared memory
 // (shm_transport.h); false before init.
 TFRING_EXPORT bool SharedMemoryEnabled();
+// The running job's data path; kMpi before init.
+TFRING_EXPORT DataPath CurrentDataPath();
 
 // Tensors submitted by one grouped call (grouped_allreduce). The background
 // thread is woken when the last of `size` members with the same `key` has

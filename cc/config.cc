@@ -26,6 +26,10 @@ bool Parse(const char* env, const char* text, int64_t* out) {
       }
     }
   }
+  if (std::strcmp(env, "TFRING_HIERARCHICAL_ALLREDUCE") == 0 && strcasecmp(text, "auto") == 0) {
+    *out = kHierarchicalAuto;
+    return true;
+  }
   char* end = nullptr;
   long long value = std::strtoll(text, &end, 10);
   if (end == text || *end != '\0' || value < 0) {

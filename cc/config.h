@@ -15,6 +15,9 @@
 
 namespace tfring {
 
+// TFRING_HIERARCHICAL_ALLREDUCE=auto.
+constexpr int64_t kHierarchicalAuto = 2;
+
 // X(type, field, ENV_NAME, default, scope, doc)
 //
 // scope: kJob knobs change which collective calls the ranks make, or their
@@ -46,6 +49,15 @@ namespace tfring {
   X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, kJob,                       \
     "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
     "the job fails; a peer that exited is noticed within milliseconds.")                   \
+  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", kHierarchicalAuto, kJob, \
+    "When the ranks span hosts with the same number on each: 1 reduces every allreduce "   \
+    "inside each host, then across hosts one slice per local rank, then gathers inside "   \
+    "the host; 0 never; auto (or 2, the default) only allreduces of at least "            \
+    "TFRING_HIERARCHICAL_THRESHOLD bytes.")                                               \
+  X(int64_t, hierarchical_threshold, "TFRING_HIERARCHICAL_THRESHOLD", 256 * 1024, kJob,    \
+    "With TFRING_HIERARCHICAL_ALLREDUCE=auto: allreduces (fused batches or single "         \
+    "tensors) of at least this many bytes take the hierarchical path; smaller ones stay "  \
+    "flat.")                                                                              \
   X(int64_t, output_pool_bytes, "TFRING_OUTPUT_POOL_BYTES", 512LL * 1024 * 1024, kProcess,     \
     "At most this many bytes of freed collective outputs are kept for reuse, "   \
     "so each step's large outputs do not pay for fresh pages; the least "        \

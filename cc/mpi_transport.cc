@@ -103,6 +103,19 @@ Status IntCountsAndOffsets(const std::vector<int64_t>& sizes, const char* what,
   return Status::OK();
 }
 
+// Local: the ranks sharing this node's memory. Cross: one rank per node,
+// those with the same local rank. Both ordered by rank in `comm`.
+Status SplitByHost(MPI_Comm comm, MPI_Comm* local, MPI_Comm* cross) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  TFRING_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, local),
+                  "MPI_Comm_split_type");
+  int local_rank = 0;
+  MPI_Comm_rank(*local, &local_rank);
+  TFRING_MPI_CALL(MPI_Comm_split(comm, local_rank, rank, cross), "MPI_Comm_split");
+  return Status::OK();
+}
+
 }  // namespace
 
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport) {
@@ -113,23 +126,27 @@ Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transp
   MPI_Comm_rank(created->comm_, &topology.rank);
   MPI_Comm_size(created->comm_, &topology.size);
 
-  // Local: ranks sharing this node's memory. Cross: one rank per node with
-  // the same local rank.
   MPI_Comm local_comm, cross_comm;
-  TFRING_MPI_CALL(MPI_Comm_split_type(created->comm_, MPI_COMM_TYPE_SHARED, topology.rank,
-                                      MPI_INFO_NULL, &local_comm),
-                  "MPI_Comm_split_type");
+  TFRING_RETURN_IF_ERROR(SplitByHost(created->comm_, &local_comm, &cross_comm));
   MPI_Comm_rank(local_comm, &topology.local_rank);
   MPI_Comm_size(local_comm, &topology.local_size);
-  TFRING_MPI_CALL(
-      MPI_Comm_split(created->comm_, topology.local_rank, topology.rank, &cross_comm),
-      "MPI_Comm_split");
   MPI_Comm_rank(cross_comm, &topology.cross_rank);
   MPI_Comm_size(cross_comm, &topology.cross_size);
   MPI_Comm_free(&local_comm);
   MPI_Comm_free(&cross_comm);
   *transport = std::move(created);
   return Status::OK();
+}
+
+Status MpiTransport::CreateHostSplit(MPI_Comm comm, std::unique_ptr<MpiTransport>* local,
+                                     std::unique_ptr<MpiTransport>* cross) {
+  MPI_Comm local_comm, cross_comm;
+  TFRING_RETURN_IF_ERROR(SplitByHost(comm, &local_comm, &cross_comm));
+  Status created = Create(local_comm, local);  // each its own duplicate
+  if (created.ok()) created = Create(cross_comm, cross);
+  MPI_Comm_free(&local_comm);
+  MPI_Comm_free(&cross_comm);
+  return created;
 }
 
 Status MpiTransport::CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,

@@ -30,6 +30,11 @@ class MpiTransport : public Transport {
   // `comm` listed in `ranks` (sorted). Ranks not listed get null.
   static Status CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
                              std::unique_ptr<MpiTransport>* transport);
+  // Collective over every rank of `comm`: a transport over the ranks of
+  // this host (MPI_COMM_TYPE_SHARED) and one over the ranks that have this
+  // rank's local rank, one per host.
+  static Status CreateHostSplit(MPI_Comm comm, std::unique_ptr<MpiTransport>* local,
+                                std::unique_ptr<MpiTransport>* cross);
   MPI_Comm comm() const { return comm_; }
   ~MpiTransport() override;
 

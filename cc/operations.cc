@@ -18,6 +18,7 @@
 #include "cc/api.h"
 #include "cc/background_loop.h"
 #include "cc/config.h"
+#include "cc/data_path.h"
 #include "cc/job_config.h"
 #include "cc/logging.h"
 #include "cc/mpi_transport.h"
@@ -34,9 +35,10 @@ struct CoreState {
   std::mutex lifecycle_mutex;  // serialises InitializeMpi and Shutdown
   std::mutex process_set_mutex;  // serialises AddProcessSet and RemoveProcessSet
   std::unique_ptr<MpiTransport> transport;
-  // The transport the loop uses for the global set: a shared-memory one over
-  // `transport` when the ranks share a host, else null (use `transport`).
-  std::unique_ptr<Transport> local_transport;
+  // The transport the loop uses for the global set instead of `transport`
+  // (data_path.h), or null to use `transport`.
+  std::unique_ptr<Transport> data_transport;
+  DataPath data_path = DataPath::kMpi;
   // The caller's threads' own communicator, for process-set changes (the
   // background thread owns `transport`'s).
   std::shared_ptr<MpiTransport> control;
@@ -95,7 +97,8 @@ void DiscardLocked(CoreState& state) {
   state.queue.reset();
   state.registry.reset();
   state.control.reset();
-  state.local_transport.reset();
+  state.data_transport.reset();
+  state.data_path = DataPath::kMpi;
   state.transport.reset();
 }
 
@@ -195,11 +198,9 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   TFRING_RETURN_IF_ERROR(BuildProcessSets(state, sets, dynamic));
   InstallFinalizeHook(state);
   state.queue = std::make_shared<TensorQueue>();
-  std::vector<int> job_ranks(state.topology.size);
-  for (int r = 0; r < state.topology.size; ++r) job_ranks[r] = r;
-  TFRING_RETURN_IF_ERROR(ShmTransport::Connect(state.transport.get(), nullptr, state.config,
-                                               job_ranks, &state.local_transport));
-  Transport* global = state.local_transport ? state.local_transport.get() : state.transport.get();
+  TFRING_RETURN_IF_ERROR(ChooseDataPath(state.transport.get(), state.config, &state.data_path,
+                                        &state.data_transport));
+  Transport* global = state.data_transport ? state.data_transport.get() : state.transport.get();
   state.loop = std::make_unique<BackgroundLoop>(global, state.queue.get(),
                                                 state.config, state.registry.get(),
                                                 &state.timeline);
@@ -344,7 +345,13 @@ Config EffectiveConfig() {
 bool SharedMemoryEnabled() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
-  return state.loop != nullptr && state.local_transport != nullptr;
+  return state.loop != nullptr && state.data_path == DataPath::kSharedMemory;
+}
+
+DataPath CurrentDataPath() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return state.loop != nullptr ? state.data_path : DataPath::kMpi;
 }
 
 bool MpiThreadsSupported() {

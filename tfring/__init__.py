@@ -9,6 +9,7 @@ from tfring.basics import (
     cross_rank,
     cross_size,
     cuda_built,
+    data_path,
     ddl_built,
     gloo_built,
     gloo_enabled,

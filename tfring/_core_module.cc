@@ -148,6 +148,20 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
   m.def("shm_enabled", &tfring::SharedMemoryEnabled);
+  m.def(
+      "data_path",
+      [] {
+        switch (tfring::CurrentDataPath()) {
+          case tfring::DataPath::kSharedMemory:
+            return "shared_memory";
+          case tfring::DataPath::kHierarchical:
+            return "hierarchical";
+          case tfring::DataPath::kMpi:
+            break;
+        }
+        return "mpi";
+      },
+      "How the global set's allreduces move data: 'shared_memory', 'hierarchical' or 'mpi'.");
   m.def("rank", [] { return RequireTopology().rank; });
   m.def("size", [] { return RequireTopology().size; });
   m.def("local_rank", [] { return RequireTopology().local_rank; });

@@ -261,6 +261,15 @@ def shm_enabled():
     return bool(_core.shm_enabled())
 
 
+def data_path():
+    """How allreduces of the global set move data: 'shared_memory' (every
+    rank on one host), 'hierarchical' (several hosts with the same number of
+    ranks on each: reduced inside each host, then across hosts, see
+    TFRING_HIERARCHICAL_ALLREDUCE) or 'mpi'."""
+    _check_initialized("tfring.data_path()")
+    return _core.data_path()
+
+
 def nccl_built():
     """The NCCL version tfring was built with, as an int; 0 without NCCL
     (always, for now). An int, as in Horovod."""

@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include "cc/fusion_planner.h"
+#include "cc/hierarchical_transport.h"
+#include "cc/loopback_transport.h"
 #include "cc/reduce_kernels.h"
 #include "tests/cc/loopback_harness.h"
 
@@ -1185,6 +1187,96 @@ void TestGroupedSubmission(int size) {
   cluster.Stop();
 }
 
+// HierarchicalTransport over loopback worlds: `size` ranks as hosts x local
+// ranks (every split of `size` into two factors >= 1), allreduce of counts
+// below, at and above the local size, for Sum, Min and Product of float32
+// and int32, through the three steps and (under the threshold) flat. Every
+// rank must get the exact integer results, and identical float bits.
+void TestHierarchicalAllreduce(int size) {
+  for (int local_size = 1; local_size <= size; ++local_size) {
+    if (size % local_size != 0) continue;
+    const int hosts = size / local_size;
+    auto flat_world = std::make_shared<LoopbackWorld>(size);
+    std::vector<std::shared_ptr<LoopbackWorld>> host_worlds, cross_worlds;
+    for (int h = 0; h < hosts; ++h) host_worlds.push_back(std::make_shared<LoopbackWorld>(local_size));
+    for (int j = 0; j < local_size; ++j) cross_worlds.push_back(std::make_shared<LoopbackWorld>(hosts));
+    const std::vector<int64_t> counts{1, 2, static_cast<int64_t>(local_size) + 1, 1000, 4099};
+    const std::vector<ReduceOp> ops{ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kProduct};
+    // results[rank][case] as bytes.
+    std::vector<std::vector<std::vector<uint8_t>>> results(size);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < size; ++rank) {
+      threads.emplace_back([&, rank] {
+        // Ranks of a host are consecutive, as mpirun places them by default.
+        const int host = rank / local_size, local_rank = rank % local_size;
+        LoopbackTransport flat(flat_world, rank);
+        HierarchicalTransport transport(
+            &flat, std::make_unique<LoopbackTransport>(host_worlds[host], local_rank),
+            std::make_unique<LoopbackTransport>(cross_worlds[local_rank], host),
+            /*min_bytes=*/16);
+        for (int64_t count : counts) {
+          for (ReduceOp op : ops) {
+            std::vector<float> f(count);
+            std::vector<int32_t> n(count);
+            for (int64_t i = 0; i < count; ++i) {
+              f[i] = 1.0f / (3 + rank + i % 7) + (op == ReduceOp::kProduct ? 1.0f : 0.0f);
+              n[i] = static_cast<int32_t>((rank + 1) * (i % 5 + 1)) * (i % 2 ? -1 : 1);
+            }
+            std::vector<float> f_out(count);
+            Status status = transport.Allreduce(f.data(), f_out.data(), count,
+                                                DataType::kFloat32, op);
+            EXPECT_TRUE(status.ok(), status.message());
+            status = transport.Allreduce(n.data(), n.data(), count, DataType::kInt32, op);
+            EXPECT_TRUE(status.ok(), status.message());
+            results[rank].push_back(Bytes(f_out));
+            results[rank].push_back(Bytes(n));
+          }
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    size_t index = 0;
+    for (int64_t count : counts) {
+      for (ReduceOp op : ops) {
+        std::vector<int64_t> expected(count);
+        for (int64_t i = 0; i < count; ++i) {
+          for (int rank = 0; rank < size; ++rank) {
+            const int64_t v = static_cast<int64_t>((rank + 1) * (i % 5 + 1)) * (i % 2 ? -1 : 1);
+            if (rank == 0) expected[i] = v;
+            else if (op == ReduceOp::kSum) expected[i] += v;
+            else if (op == ReduceOp::kMin) expected[i] = std::min(expected[i], v);
+            else expected[i] = static_cast<int32_t>(expected[i] * v);
+          }
+        }
+        const std::vector<int32_t> got = Values<int32_t>(results[0][index + 1], count);
+        for (int64_t i = 0; i < count; ++i) {
+          EXPECT_TRUE(got[i] == static_cast<int32_t>(expected[i]),
+                      "int32 " << ReduceOpName(op) << " count " << count << " element " << i
+                               << ": " << got[i] << " != " << expected[i] << " (hosts "
+                               << hosts << " x " << local_size << ")");
+        }
+        for (int rank = 1; rank < size; ++rank) {
+          EXPECT_TRUE(results[rank][index] == results[0][index] &&
+                          results[rank][index + 1] == results[0][index + 1],
+                      "rank " << rank << " differs from rank 0: " << ReduceOpName(op) << " count "
+                              << count << " (hosts " << hosts << " x " << local_size << ")");
+        }
+        const std::vector<float> floats = Values<float>(results[0][index], count);
+        for (int64_t i = 0; i < count; ++i) {
+          double want = op == ReduceOp::kSum ? 0.0 : (op == ReduceOp::kMin ? 1e30 : 1.0);
+          for (int rank = 0; rank < size; ++rank) {
+            const double v = 1.0 / (3 + rank + i % 7) + (op == ReduceOp::kProduct ? 1.0 : 0.0);
+            want = op == ReduceOp::kSum ? want + v : (op == ReduceOp::kMin ? std::min(want, v) : want * v);
+          }
+          EXPECT_TRUE(std::fabs(floats[i] - want) <= 1e-5 * std::fabs(want),
+                      "float32 " << ReduceOpName(op) << " count " << count << " element " << i);
+        }
+        index += 2;
+      }
+    }
+  }
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -1209,6 +1301,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"join", TestJoin},
       {"autotune_switching", TestAutotuneSwitching},
       {"grouped_submission", TestGroupedSubmission},
+      {"hierarchical_allreduce", TestHierarchicalAllreduce},
   };
   return scenarios;
 }

@@ -110,10 +110,15 @@ def _expected(name, size):
 
 
 def test_path_chosen_at_init():
+    # One host: shared memory, or MPI (the hierarchical path needs several
+    # hosts; tests/test_multihost.py covers it).
     with initialized_with(TFRING_SHM=None):
         assert tfring.shm_enabled() == (tfring.size() > 1)
-    with initialized_with(TFRING_SHM="0"):
+        assert tfring.data_path() == ("shared_memory" if tfring.size() > 1
+                                      else "mpi")
+    with initialized_with(TFRING_SHM="0", TFRING_HIERARCHICAL_ALLREDUCE="1"):
         assert not tfring.shm_enabled()
+        assert tfring.data_path() == "mpi"
 
 
 def test_both_paths_give_the_exact_results():
