@@ -1,0 +1,199 @@
+"""Hierarchical against flat allreduce across hosts, with raw MPI alongside.
+
+    python benchmarks/hierarchical.py              # 2 namespace hosts x 2 ranks, 1 Gbit/s links
+    python benchmarks/hierarchical.py --link-rate 200mbit --repeats 10
+    tfringrun -np 8 -H node1:4,node2:4 python benchmarks/hierarchical.py --worker   # real hosts
+
+Without --worker, this machine plays the hosts: network namespaces joined by
+a bridge (tests/netns_hosts.py), each with its own host name and /dev/shm,
+the link of every host limited to --link-rate with a token-bucket filter, so
+that, as on a cluster, the network between hosts is the bottleneck and the
+ranks of one host share memory. Then it runs itself with --worker on every
+rank through tfringrun, from the first host. Needs root (CAP_NET_ADMIN).
+
+The worker reduces float32 tensors of 4 KiB, 4 MiB and 64 MiB and the
+ResNet-50 gradient set (214 tensors, grouped_allreduce in a tf.function)
+three ways in the same job: tfring with TFRING_HIERARCHICAL_ALLREDUCE=0
+(flat: one MPI allreduce over every rank), tfring with =1 (inside each
+host, then one slice per local rank across hosts, then inside the host),
+and mpi4py's Allreduce in place over every rank (raw MPI). tfring is
+restarted (shutdown, init) between its two settings; the settings take turns
+in rounds, so drift of the machine hits them alike. Every result is checked
+once before timing. Times are the slowest rank's per repetition; the table
+gives medians and minimums and the ratios hierarchical / flat and
+hierarchical / raw MPI (below 1: hierarchical is faster).
+"""
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+PATHS = {"flat": "0", "hierarchical": "1"}
+KIB, MIB = 1024, 1024 * 1024
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", action="store_true",
+                        help="measure (run on every rank under tfringrun/mpirun)")
+    parser.add_argument("--hosts", type=int, default=2,
+                        help="namespace hosts to make (default 2)")
+    parser.add_argument("--ranks-per-host", type=int, default=2,
+                        help="ranks on each namespace host (default 2)")
+    parser.add_argument("--link-rate", default="1gbit",
+                        help="each namespace host's link rate, as tc writes "
+                             "it (default 1gbit; 'none' for no limit)")
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed repetitions per variant per round")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of flat / hierarchical (default 2)")
+    parser.add_argument("--timeout", type=float, default=1200,
+                        help="seconds before the job is ended (default 1200)")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------ worker --
+
+def worker(args):
+    import numpy as np
+    from mpi4py import MPI
+    import tensorflow as tf
+
+    import tfring as hvd
+    sys.path.insert(0, HERE)
+    from _timing import check, describe_size, measure, rank_data
+    from allreduce import resnet50_shapes
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    cases = [(describe_size(b), [(b // 4,)]) for b in (4 * KIB, 4 * MIB, 64 * MIB)]
+    cases.append((f"ResNet-50 x{len(resnet50_shapes())}", resnet50_shapes()))
+    inputs = {name: [tf.constant(rank_data(rank, s)) for s in shapes]
+              for name, shapes in cases}
+    expected = {name: [sum(rank_data(r, s) for r in range(size)) for s in shapes]
+                for name, shapes in cases}
+    in_place = {name: [np.empty(s, np.float32) for s in shapes]
+                for name, shapes in cases}
+
+    @tf.function
+    def reduce_all(ts):
+        return hvd.grouped_allreduce(ts, op=hvd.Sum)
+
+    times = {}  # (case, variant) -> [seconds]
+    hosts_seen = None
+    for round_index in range(args.rounds):
+        order = list(PATHS) if round_index % 2 == 0 else list(PATHS)[::-1]
+        for path in order:
+            os.environ["TFRING_HIERARCHICAL_ALLREDUCE"] = PATHS[path]
+            hvd.init()
+            hosts_seen = hvd.size() // hvd.local_size()
+            want = "hierarchical" if path == "hierarchical" and hosts_seen > 1 \
+                and hvd.local_size() > 1 else None
+            if want and hvd.data_path() != want:
+                raise RuntimeError(f"TFRING_HIERARCHICAL_ALLREDUCE=1 but tfring chose "
+                                   f"{hvd.data_path()!r}")
+            for name, _ in cases:
+                for got, want_value in zip(reduce_all(inputs[name]), expected[name]):
+                    check(f"{path} {name}", got, want_value)
+                variants = {f"tfring {path}": lambda n=name: reduce_all(inputs[n])}
+                if path == order[0]:
+                    # Raw MPI in place on zeroed buffers (sums of zeros stay
+                    # zero, so repetitions need no refill).
+                    for buf in in_place[name]:
+                        buf.fill(0)
+                    variants["mpi4py Allreduce in place"] = \
+                        lambda n=name: [comm.Allreduce(MPI.IN_PLACE, b)
+                                        for b in in_place[n]]
+                for label, seconds in measure(comm, variants, args.repeats).items():
+                    times.setdefault((name, label), []).extend(seconds)
+            hvd.shutdown()
+    if rank == 0:
+        report(args, cases, times, size, hosts_seen)
+
+
+def report(args, cases, times, size, hosts):
+    import numpy as np
+    print(f"hierarchical vs flat allreduce: {size} ranks on {hosts} hosts "
+          f"({socket.gethostname()} first), {args.rounds} rounds x {args.repeats} "
+          f"repetitions; float32 sums; times are the slowest rank's")
+    print(f"{'case':<16} {'variant':<28} {'median ms':>10} {'min ms':>9} "
+          f"{'/flat':>7} {'/raw MPI':>9}")
+    for name, _ in cases:
+        flat = times[(name, "tfring flat")]
+        raw = times[(name, "mpi4py Allreduce in place")]
+        for label in ("mpi4py Allreduce in place", "tfring flat", "tfring hierarchical"):
+            t = times[(name, label)]
+            ratios = ""
+            if label == "tfring hierarchical":
+                ratios = (f"{np.median(t) / np.median(flat):7.2f} "
+                          f"{np.median(t) / np.median(raw):9.2f}")
+            elif label == "tfring flat":
+                ratios = f"{'':7} {np.median(t) / np.median(raw):9.2f}"
+            print(f"{name:<16} {label:<28} {np.median(t) * 1e3:10.3f} "
+                  f"{np.min(t) * 1e3:9.3f} {ratios}")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------ orchestrator --
+
+def limit_link(host, rate):
+    """Limits what `host` sends to the other hosts to `rate` (a token-bucket
+    filter on its only link), as a cluster's network limits each machine."""
+    import subprocess
+    if rate == "none":
+        return
+    subprocess.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "add", "dev",
+                    "eth0", "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
+                   check=True, capture_output=True, text=True, timeout=30)
+
+
+def orchestrate(args):
+    import subprocess
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import netns_hosts  # noqa: E402
+
+    why_not = netns_hosts.unavailable_reason()
+    if why_not:
+        raise SystemExit(f"cannot make namespace hosts here: {why_not}. Run as root "
+                         "on Linux, or run the worker across real hosts with "
+                         "tfringrun ... --worker.")
+    names = [f"host{chr(ord('a') + i)}" for i in range(args.hosts)]
+    with netns_hosts.NetnsHosts(names) as hosts:
+        for host in hosts.hosts:
+            limit_link(host, args.link_rate)
+        env = dict(os.environ, **hosts.mpi_env())
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [ROOT, env.get("PYTHONPATH", "")] if p)
+        command = [sys.executable, "-m", "tfring.runner",
+                   "-np", str(args.hosts * args.ranks_per_host),
+                   "-H", ",".join(f"{n}:{args.ranks_per_host}" for n in names),
+                   sys.executable, os.path.abspath(__file__), "--worker",
+                   "--repeats", str(args.repeats), "--rounds", str(args.rounds)]
+        print(f"{args.hosts} namespace hosts x {args.ranks_per_host} ranks, each host's "
+              f"link limited to {args.link_rate}", flush=True)
+        try:
+            finished = subprocess.run(hosts[0].enter(command, cwd=ROOT), env=env,
+                                      timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"the benchmark did not finish within {args.timeout:.0f} s")
+        raise SystemExit(finished.returncode)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+    else:
+        orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()
