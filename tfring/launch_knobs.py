@@ -93,6 +93,8 @@ KNOB_FLAGS = (
     KnobFlag(("--cache-capacity",), "TFRING_CACHE_CAPACITY",
              "negotiated tensors remembered; 0 disables the response cache "
              "(default 1024)", COUNT),
+    KnobFlag(("--disable-cache",), "TFRING_CACHE_CAPACITY",
+             "no response cache (the same as --cache-capacity 0)", const="0"),
     KnobFlag(("--direct-threshold-mb",), "TFRING_DIRECT_THRESHOLD",
              "allreduces of at least this many MiB skip the fusion buffer "
              "(default 1)", MIB),

@@ -5,8 +5,12 @@
 # environment, and report what they find as one JSON line each, which
 # tfring/launch_checks.py reads back from mpirun's output:
 #
-#   python -m tfring.launch_probes allreduce    # on each of 2 ranks
-#   python -m tfring.launch_probes host-report  # one process per host
+#   python -m tfring.launch_probes allreduce   # on each of 2 ranks
+#   python -c HOST_REPORT_CODE NAME            # one process per host
+#
+# The host report starts through HOST_REPORT_CODE rather than `-m`: on a
+# host whose TensorFlow or tfring does not import, `-m` would die before it
+# could report, and that host is exactly what --check-hosts has to explain.
 
 import json
 import os
@@ -17,6 +21,29 @@ import traceback
 
 # Marks a probe's report among everything else the job prints.
 REPORT_MARK = "TFRING_PROBE_REPORT "
+
+# `python -c HOST_REPORT_CODE NAME`: prints host_report(NAME), or, when
+# tfring's modules do not import there, a report that carries the error and
+# whichever versions could still be read.
+HOST_REPORT_CODE = f"""\
+import json, platform, sys
+try:
+    from tfring import launch_probes
+except Exception as e:
+    report = dict(given_name=sys.argv[1], python=platform.python_version(),
+                  executable=sys.executable,
+                  error=f"{{type(e).__name__}}: {{e}}")
+    try:
+        import tensorflow
+        report["tensorflow"] = tensorflow.__version__
+        import tfring
+        report["tfring"] = getattr(tfring, "__version__", "without a version")
+    except Exception:
+        pass
+    print({REPORT_MARK!r} + json.dumps(report), flush=True)
+    sys.exit(1)
+sys.exit(launch_probes.main(["host-report", sys.argv[1]]))
+"""
 
 
 def _emit(report):
@@ -36,11 +63,15 @@ def _error_text(error):
     return f"{type(error).__name__}: {error}"
 
 
-def host_report():
-    """The versions a job depends on, as found in this process."""
+def host_report(given_name):
+    """The versions a job depends on, as found in this process.
+
+    given_name: the host name as the user wrote it (mpirun merges names that
+    mean one machine, such as localhost and its hostname, so the process
+    could not tell it otherwise)."""
     report = {
+        "given_name": given_name,
         "hostname": socket.gethostname(),
-        "launch_rank": _launch_rank(),
         "python": platform.python_version(),
         "executable": sys.executable,
         "interfaces": sorted(name for _, name in socket.if_nameindex()),
@@ -54,7 +85,6 @@ def host_report():
         # Imports the op library too, which checks it matches TensorFlow.
         import tfring
         report["tfring"] = tfring.__version__
-        report["tfring_path"] = os.path.dirname(tfring.__file__)
     except Exception as e:  # Reported to the launcher, which explains it.
         report["error"] = _error_text(e)
     return report
@@ -84,16 +114,16 @@ def allreduce_probe():
         import tensorflow as tf
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        from mpi4py import MPI
-        import mpi4py
         import tfring
         from tfring import _core
 
+        tfring.init()  # Starts MPI through mpi4py, as a training script does.
+        import mpi4py
+        from mpi4py import MPI
         # Open MPI ends the text with a NUL.
         report["mpi_library"] = MPI.Get_library_version().strip("\0 \n")
         report["mpi4py"] = mpi4py.__version__
         report["thread_level"] = _THREAD_LEVELS[MPI.Query_thread()]
-        tfring.init()
         rank, size = tfring.rank(), tfring.size()
         report.update(rank=rank, size=size, local_size=tfring.local_size(),
                       shm=tfring.shm_enabled(), nccl=tfring.nccl_built())
@@ -113,15 +143,18 @@ def allreduce_probe():
     return report
 
 
-_PROBES = {"allreduce": allreduce_probe, "host-report": host_report}
+_USAGE = ("usage: python -m tfring.launch_probes allreduce\n"
+          "       python -m tfring.launch_probes host-report HOST_NAME\n")
 
 
 def main(argv):
-    if len(argv) != 1 or argv[0] not in _PROBES:
-        sys.stderr.write(f"usage: python -m tfring.launch_probes "
-                         f"{{{','.join(_PROBES)}}}\n")
+    if argv == ["allreduce"]:
+        report = allreduce_probe()
+    elif len(argv) == 2 and argv[0] == "host-report":
+        report = host_report(argv[1])
+    else:
+        sys.stderr.write(_USAGE)
         return 2
-    report = _PROBES[argv[0]]()
     _emit(report)
     return 1 if report["error"] else 0
 

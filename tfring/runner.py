@@ -17,7 +17,6 @@ import sys
 
 from tfring import launch_checks
 from tfring import launch_command
-from tfring import launch_hosts
 from tfring import launch_knobs
 from tfring.launch_command import RunnerError
 
@@ -99,7 +98,7 @@ def _parser():
         help="write each rank's output to DIR/rank.<job id>.<rank>.out and "
              ".err instead of the terminal")
     parser.add_argument(
-        "--check-build", action="store_true",
+        "-cb", "--check-build", action="store_true",
         help="print what tfring was built with and run a 2-rank allreduce "
              "here; exit non-zero if anything does not work")
     parser.add_argument(
@@ -142,9 +141,9 @@ def parse_args(argv):
                      "`tfringrun -np 2 python train.py`")
     try:
         if args.hosts is not None:
-            args.host_entries = launch_hosts.parse_host_list(args.hosts)
+            args.host_entries = launch_command.parse_host_list(args.hosts)
         elif args.hostfile is not None:
-            args.host_entries = launch_hosts.read_hostfile(args.hostfile)
+            args.host_entries = launch_command.read_hostfile(args.hostfile)
         else:
             args.host_entries = []
         launch_knobs.settings(args)
