@@ -38,7 +38,7 @@ def _ranks_import_this_tree(monkeypatch):
         [REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
 
 
-# --- which MPI a version text names --------------------------------------------
+# --- which MPI a version text names ------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [
     ("mpirun (Open MPI) 5.0.11\n\nReport bugs to ...", ("Open MPI", "5.0.11")),
@@ -68,7 +68,7 @@ def test_launcher_and_library_from_different_mpis_are_named():
         "MPI.")
 
 
-# --- what the 2-rank job's reports mean ----------------------------------------
+# --- what the 2-rank job's reports mean --------------------------------------
 
 def _rank_report(rank, size=2, **changes):
     floats, ints = launch_probes.expected_sums(size)
@@ -171,7 +171,7 @@ def test_a_job_that_does_not_finish_says_how(returncode, ending):
     assert "    prterun: something went wrong" in finding.problem
 
 
-# --- comparing hosts ----------------------------------------------------------
+# --- comparing hosts ---------------------------------------------------------
 
 def _host(**changes):
     report = {"given_name": "h", "hostname": "h", "python": "3.11.7",
@@ -256,7 +256,7 @@ def test_the_host_report_code_reports_a_host_where_tfring_does_not_import(
         "host node7 has TensorFlow 2.99.0")
 
 
-# --- a check's job ends at its time limit ---------------------------------------
+# --- a check's job ends at its time limit ------------------------------------
 
 def _ended_within(pid, seconds):
     """Whether process `pid` is gone (or a zombie) within `seconds`: a
@@ -332,7 +332,7 @@ def test_check_build_with_a_broken_mpirun_names_it(tmp_path):
             f"a working mpirun.") in out.getvalue()
 
 
-# --- real runs ------------------------------------------------------------------
+# --- real runs ---------------------------------------------------------------
 
 def _tfringrun(argv, timeout=400):
     done = subprocess.run([sys.executable, "-m", "tfring.runner"] + argv,

@@ -103,7 +103,8 @@ class _Job:
     def __init__(self, argv, env):
         self.tag = uuid.uuid4().hex
         env = dict(env, **{mpi_launch.TAG_VARIABLE: self.tag})
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      errors="replace",
                                      start_new_session=True)

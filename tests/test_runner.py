@@ -127,7 +127,7 @@ def test_check_hosts_needs_hosts(capsys):
     assert runner.parse_args(["--check-hosts", "-H", "a:2,b:2"]).check_hosts
 
 
-# --- where the job may listen and which network it uses --------------------
+# --- where the job may listen and which network it uses ----------------------
 
 ONE_HOST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
 
@@ -224,7 +224,7 @@ def test_bad_hostfiles_are_usage_errors(text, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
-# --- TFRING_* flags -----------------------------------------------------------
+# --- TFRING_* flags ----------------------------------------------------------
 
 def _forwarded(cmd):
     return [cmd[i + 1] for i, word in enumerate(cmd) if word == "-x"]

@@ -176,8 +176,8 @@ def _launcher_version(mpirun, timeout):
 # (vendor, pattern whose group 1 is the version) for `mpirun --version` and
 # MPI_Get_library_version() texts.
 _MPI_VERSION_PATTERNS = (
-    ("Open MPI", r"\(Open MPI\) (\d[\w.]*)"),   # mpirun (Open MPI) 5.0.11
-    ("Open MPI", r"Open MPI v(\d[\w.]*)"),        # Open MPI v5.0.11, package...
+    ("Open MPI", r"\(Open MPI\) (\d[\w.]*)"),  # mpirun (Open MPI) 5.0.11
+    ("Open MPI", r"Open MPI v(\d[\w.]*)"),       # Open MPI v5.0.11, ...
     ("MPICH", r"MPICH Version:\s*(\d[\w.]*)"),
     ("MPICH", r"HYDRA build details:\s*Version:\s*(\d[\w.]*)"),
 )
@@ -319,6 +319,7 @@ def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
         found(Finding("MPI launcher",
                       f"{mpirun}: {launcher_text.splitlines()[0]}"))
     except RuntimeError as e:
+        launcher_text = None
         found(Finding("MPI launcher", mpirun, problem=(
             f"{e}. Expected Open MPI's mpirun to print its version. Point "
             f"TFRING_MPIRUN at a working mpirun.")))
