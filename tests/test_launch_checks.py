@@ -334,7 +334,7 @@ def test_check_build_with_a_broken_mpirun_names_it(tmp_path):
 
 # --- real runs ---------------------------------------------------------------
 
-def _tfringrun(argv, timeout=400):
+def _tfringrun(argv, timeout=600):
     done = subprocess.run([sys.executable, "-m", "tfring.runner"] + argv,
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
@@ -343,7 +343,9 @@ def _tfringrun(argv, timeout=400):
 
 def test_check_build_passes_here():
     pytest.importorskip("mpi4py")
-    rc, out, err = _tfringrun(["--check-build"])
+    # A generous limit: both ranks import TensorFlow, on a machine that may
+    # be busy with other tests.
+    rc, out, err = _tfringrun(["--check-build", "--start-timeout", "300"])
     assert rc == 0, out + err
     lines = out.splitlines()
     import tensorflow as tf
@@ -363,7 +365,8 @@ def test_check_build_passes_here():
 def test_check_hosts_passes_for_localhost_and_this_machine():
     hostname = socket.gethostname()
     rc, out, err = _tfringrun(["--check-hosts", "-H",
-                               f"localhost:2,{hostname}:2"])
+                               f"localhost:2,{hostname}:2",
+                               "--start-timeout", "300"])
     assert rc == 0, out + err
     lines = out.splitlines()
     assert lines[0] == f"tfringrun --check-hosts: localhost, {hostname}"
