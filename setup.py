@@ -25,6 +25,7 @@ environment, so install with
 import concurrent.futures
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -563,9 +564,15 @@ class build_ext(_setuptools_build_ext):
         return getattr(self, "_tfring_outputs", [])
 
 
+def package_version():
+    """tfring's version, read from tfring/_version.py (its only copy)."""
+    text = (ROOT / "tfring" / "_version.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"$', text, re.M).group(1)
+
+
 setup(
     name="tfring",
-    version="0.1.0",
+    version=package_version(),
     description="Ring-allreduce data-parallel training for TensorFlow 2 / Keras 3 over MPI",
     python_requires=">=3.9",
     packages=find_packages(include=["tfring", "tfring.*"]),

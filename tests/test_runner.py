@@ -1,6 +1,8 @@
-# Tests of tfringrun (tfring/runner.py): the mpirun command line is built by
-# pure functions, tested here without MPI; one real 2-rank launch checks that
-# the command it execs actually starts a job.
+# Tests of tfringrun (tfring/runner.py, tfring/launch_command.py,
+# tfring/launch_knobs.py): the mpirun command line and the host lists are
+# read and built by pure functions, tested here without MPI; real 2-rank
+# launches check that the command it execs starts a job, that the TFRING_*
+# flags reach every rank and that --output-filename writes per-rank files.
 
 import os
 import signal
@@ -9,6 +11,9 @@ import sys
 
 import pytest
 
+from tfring import _core
+from tfring import launch_command
+from tfring import launch_knobs
 from tfring import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,13 +21,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def command(argv, environ=None, euid=1000, cpu_count=8):
     args = runner.parse_args(argv)
-    return runner.mpirun_command(args, "/opt/mpi/bin/mpirun", environ or {},
-                                 euid, cpu_count)
+    return launch_command.mpirun_command(args, "/opt/mpi/bin/mpirun",
+                                         environ or {}, euid, cpu_count)
 
 
 def test_plain_command():
     assert command(["-np", "2", "python", "train.py", "--steps", "3"]) == [
         "/opt/mpi/bin/mpirun", "-np", "2", "--bind-to", "none",
+        "--mca", "pml", "ob1", "--mca", "btl", "self,sm",
         "python", "train.py", "--steps", "3"]
 
 
@@ -42,24 +48,34 @@ def test_root_adds_allow_run_as_root():
     assert "--allow-run-as-root" not in command(["-np", "2", "p"], euid=1000)
 
 
+def _hostfile(tmp_path, text):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    return str(path)
+
+
 @pytest.mark.parametrize("argv, cpus, expected", [
     (["-np", "4", "p"], 2, True),
     (["-np", "2", "p"], 2, False),
     (["-np", "4", "-H", "localhost:4", "p"], 2, True),
     (["-np", "4", "-H", "a:2,b:2", "p"], 2, False),
-    (["-np", "4", "--hostfile", "hosts", "p"], 2, False),
+    (["-np", "4", "--hostfile", "HOSTFILE", "p"], 2, False),
     (["-np", "2", "p"], None, True),
 ])
 def test_oversubscribe_only_past_the_cores_of_a_single_host(argv, cpus,
-                                                            expected):
+                                                            expected,
+                                                            tmp_path):
+    hostfile = _hostfile(tmp_path, "a slots=2\n")
+    argv = [hostfile if word == "HOSTFILE" else word for word in argv]
     assert ("--oversubscribe" in command(argv, cpu_count=cpus)) == expected
 
 
-def test_hosts_and_hostfile_are_passed_on():
+def test_hosts_and_hostfile_are_passed_on(tmp_path):
     cmd = command(["-np", "4", "-H", "a:2,b:2", "p"])
     assert cmd[cmd.index("-H") + 1] == "a:2,b:2"
-    cmd = command(["-np", "4", "--hostfile", "/etc/hosts.mpi", "p"])
-    assert cmd[cmd.index("--hostfile") + 1] == "/etc/hosts.mpi"
+    hostfile = _hostfile(tmp_path, "a slots=2\nb slots=2\n")
+    cmd = command(["-np", "4", "--hostfile", hostfile, "p"])
+    assert cmd[cmd.index("--hostfile") + 1] == hostfile
 
 
 def test_forwards_tfring_variables_and_pythonpath_only():
@@ -92,6 +108,232 @@ def test_missing_num_proc_or_command_is_a_usage_error(capsys):
     assert "no command given" in capsys.readouterr().err
 
 
+def test_num_proc_is_needed_only_to_run_a_command(capsys):
+    assert runner.parse_args(["--check-build"]).command == []
+    assert runner.parse_args(["-cb"]).check_build
+    with pytest.raises(SystemExit):
+        runner.parse_args(["--check-build", "python", "t.py"])
+    assert "-np/--num-proc is required to run a command" in \
+        capsys.readouterr().err
+    args = runner.parse_args(["--check-build", "-np", "2", "python", "t.py"])
+    assert args.check_build and args.command == ["python", "t.py"]
+
+
+def test_check_hosts_needs_hosts(capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(["--check-hosts"])
+    assert "--check-hosts needs the hosts to check; expected -H " in \
+        capsys.readouterr().err
+    assert runner.parse_args(["--check-hosts", "-H", "a:2,b:2"]).check_hosts
+
+
+# --- where the job may listen and which network it uses ----------------------
+
+ONE_HOST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
+
+
+def _contains(cmd, words):
+    return any(cmd[i:i + len(words)] == words for i in range(len(cmd)))
+
+
+@pytest.mark.parametrize("hosts, one_host", [
+    ([], True),
+    (["-H", "localhost:4"], True),
+    (["-H", "gpu7:4"], True),                 # one host, another machine
+    (["-H", "a:2,a:2"], True),
+    (["-H", "a:2,b:2"], False),
+    (["--hostfile", "ONE"], True),
+    (["--hostfile", "TWO"], False),
+])
+def test_ranks_on_one_host_use_no_tcp_transport(hosts, one_host, tmp_path):
+    files = {"ONE": _hostfile(tmp_path, "# one host\na slots=4\n"),
+             "TWO": str(tmp_path / "two")}
+    (tmp_path / "two").write_text("a slots=2\nb slots=2 max_slots=4\n")
+    argv = ["-np", "4"] + [files.get(word, word) for word in hosts] + ["p"]
+    cmd = command(argv)
+    assert _contains(cmd, ONE_HOST) == one_host
+
+
+def test_network_interface_restricts_open_mpi_and_prrte():
+    cmd = command(["-np", "4", "-H", "a:2,b:2", "--network-interface", "eth0",
+                   "--network-interface", "ib0,10.1.0.0/16", "p"])
+    assert _contains(cmd, ["--mca", "btl_tcp_if_include",
+                           "eth0,ib0,10.1.0.0/16"])
+    assert _contains(cmd, ["--prtemca", "prte_if_include",
+                           "eth0,ib0,10.1.0.0/16"])
+    assert not _contains(cmd, ONE_HOST)
+    # Horovod's plural spelling means the same.
+    assert command(["-np", "4", "-H", "a:2,b:2", "--network-interfaces",
+                    "eth0,eth1", "p"]) == command(
+        ["-np", "4", "-H", "a:2,b:2", "--network-interface", "eth0,eth1",
+         "p"])
+    assert "btl_tcp_if_include" not in command(["-np", "4", "-H", "a:2,b:2",
+                                                "p"])
+
+
+def test_bad_network_interface_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(["-np", "2", "--network-interface", "eth0,,ib0",
+                           "p"])
+    err = capsys.readouterr().err
+    assert "got 'eth0,,ib0'; expected interface names (or subnets) " \
+           "separated by commas" in err
+
+
+def test_output_filename_writes_per_rank_files_into_the_directory(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = command(["-np", "2", "--output-filename", "logs", "p"])
+    assert _contains(cmd, ["--output", f"file={tmp_path}/logs/rank"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a:x", "-H a:x: the entry 'a:x' gives 'x' slots. Expected a positive "
+            "whole number of slots"),
+    ("a:0,b:1", "gives '0' slots"),
+    (":2", "the entry ':2' has no host name"),
+    (",", "names no host"),
+])
+def test_bad_host_lists_are_usage_errors(text, message, capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(["-np", "2", "-H", text, "p"])
+    assert message in capsys.readouterr().err
+
+
+def test_hostfiles_are_read_with_comments_and_slots(tmp_path):
+    path = _hostfile(tmp_path, "# cluster\n\nnode1 slots=2  # gpu\n"
+                               "node2 slots=4 max_slots=8\nnode3\n")
+    assert launch_command.read_hostfile(path) == [
+        launch_command.Host("node1", 2), launch_command.Host("node2", 4),
+        launch_command.Host("node3", None)]
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "cannot read the hostfile"),
+    ("# nothing\n", "names no host"),
+    ("slots=2\n", ":1: the line 'slots=2' starts with 'slots=2', not a host "
+                   "name"),
+    ("a slots=many\n", ":1 gives 'many' slots"),
+])
+def test_bad_hostfiles_are_usage_errors(text, message, tmp_path, capsys):
+    path = tmp_path / "hosts"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit):
+        runner.parse_args(["-np", "2", "--hostfile", str(path), "p"])
+    assert message in capsys.readouterr().err
+
+
+# --- TFRING_* flags ----------------------------------------------------------
+
+def _forwarded(cmd):
+    return [cmd[i + 1] for i, word in enumerate(cmd) if word == "-x"]
+
+
+@pytest.mark.parametrize("flags, variable", [
+    (["--fusion-threshold-mb", "64"], "TFRING_FUSION_THRESHOLD=67108864"),
+    (["--fusion-threshold-mb", "0"], "TFRING_FUSION_THRESHOLD=0"),
+    (["--cycle-time-ms", "2.5"], "TFRING_CYCLE_TIME=2.5"),
+    (["--cycle-time-ms", "3"], "TFRING_CYCLE_TIME=3"),
+    (["--cache-capacity", "0"], "TFRING_CACHE_CAPACITY=0"),
+    (["--disable-cache"], "TFRING_CACHE_CAPACITY=0"),
+    (["--direct-threshold-mb", "0.5"], "TFRING_DIRECT_THRESHOLD=524288"),
+    (["--no-shm"], "TFRING_SHM=0"),
+    (["--shm-bytes", "1048576"], "TFRING_SHM_BYTES=1048576"),
+    (["--shm-timeout-seconds", "5"], "TFRING_SHM_TIMEOUT_SECONDS=5"),
+    (["--output-pool-bytes", "0"], "TFRING_OUTPUT_POOL_BYTES=0"),
+    (["--no-stall-check"], "TFRING_STALL_CHECK_TIME_SECONDS=0"),
+    (["--stall-check-warning-time-seconds", "120"],
+     "TFRING_STALL_CHECK_TIME_SECONDS=120"),
+    (["--stall-check-shutdown-time-seconds", "600"],
+     "TFRING_STALL_SHUTDOWN_TIME_SECONDS=600"),
+    (["--log-level", "DEBUG"], "TFRING_LOG_LEVEL=debug"),
+    (["--timeline-filename", "/tmp/t.json"], "TFRING_TIMELINE=/tmp/t.json"),
+    (["--timeline-mark-cycles"], "TFRING_TIMELINE_MARK_CYCLES=1"),
+    (["--autotune"], "TFRING_AUTOTUNE=1"),
+    (["--autotune-log-file", "/tmp/tune.csv"],
+     "TFRING_AUTOTUNE_LOG=/tmp/tune.csv"),
+    (["--autotune-start", "fusion_threshold=65536,cycle_time=1"],
+     "TFRING_AUTOTUNE_START=fusion_threshold=65536,cycle_time=1"),
+    (["--autotune-warmup-samples", "5"], "TFRING_AUTOTUNE_WARMUP_SAMPLES=5"),
+    (["--autotune-steps-per-sample", "20"],
+     "TFRING_AUTOTUNE_CYCLES_PER_SAMPLE=20"),
+    (["--autotune-cycles-per-sample", "20"],
+     "TFRING_AUTOTUNE_CYCLES_PER_SAMPLE=20"),
+    (["--autotune-samples-per-trial", "4"],
+     "TFRING_AUTOTUNE_SAMPLES_PER_TRIAL=4"),
+    (["--autotune-bayes-opt-max-samples", "30"],
+     "TFRING_AUTOTUNE_MAX_TRIALS=30"),
+    (["--autotune-max-trials", "30"], "TFRING_AUTOTUNE_MAX_TRIALS=30"),
+    (["--autotune-gaussian-process-noise", "0.8"],
+     "TFRING_AUTOTUNE_GAUSSIAN_PROCESS_NOISE=0.8"),
+])
+def test_flags_set_tfring_variables_for_every_rank(flags, variable):
+    cmd = command(["-np", "2"] + flags + ["python", "t.py"])
+    assert _forwarded(cmd) == [variable]
+    assert cmd[-2:] == ["python", "t.py"]
+
+
+def test_every_knob_of_the_core_has_a_flag():
+    declared = {entry["env"] for entry in _core.config()}
+    with_flags = {knob.env for knob in launch_knobs.KNOB_FLAGS}
+    assert declared == with_flags
+
+
+def test_every_flag_is_in_the_readme():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("### tfringrun"):]
+    flags = {option for action in runner._parser()._actions
+             for option in action.option_strings if option != "-h"
+             and option != "--help"}
+    assert flags > {"--check-build", "--network-interface", "--autotune"}
+    assert sorted(flag for flag in flags if f"`{flag}" not in section) == []
+
+
+def test_relative_paths_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = command(["-np", "2", "--timeline-filename", "t.json",
+                   "--autotune-log-file", "out/tune.csv", "p"])
+    assert _forwarded(cmd) == [f"TFRING_AUTOTUNE_LOG={tmp_path}/out/tune.csv",
+                               f"TFRING_TIMELINE={tmp_path}/t.json"]
+
+
+def test_a_flag_overrides_the_environment_once():
+    environ = {"TFRING_CYCLE_TIME": "5", "TFRING_CACHE_CAPACITY": "0",
+               "PYTHONPATH": "/src"}
+    cmd = command(["-np", "2", "--cycle-time-ms", "2", "p"], environ=environ)
+    assert _forwarded(cmd) == ["PYTHONPATH", "TFRING_CACHE_CAPACITY",
+                               "TFRING_CYCLE_TIME=2"]
+
+
+def test_two_flags_for_one_variable_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(["-np", "2", "--no-stall-check",
+                           "--stall-check-warning-time-seconds", "30", "p"])
+    assert ("--no-stall-check and --stall-check-warning-time-seconds both "
+            "set TFRING_STALL_CHECK_TIME_SECONDS. Expected at most one of "
+            "them.") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fusion-threshold-mb", "-1"],
+     "argument --fusion-threshold-mb: got '-1'; expected a non-negative "
+     "number of MiB, e.g. --fusion-threshold-mb 64"),
+    (["--cycle-time-ms", "fast"],
+     "got 'fast'; expected a non-negative number of milliseconds"),
+    (["--cache-capacity", "1.5"],
+     "got '1.5'; expected a whole number of items, e.g. --cache-capacity 3"),
+    (["--shm-bytes", "nan"], "got 'nan'; expected a non-negative number"),
+    (["--log-level", "fatal"], "invalid choice: 'fatal'"),
+])
+def test_bad_flag_values_are_usage_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        runner.parse_args(["-np", "2"] + flags + ["p"])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def _executable(path):
     with open(path, "w") as f:
         f.write("#!/bin/sh\n")
@@ -100,6 +342,7 @@ def _executable(path):
 
 
 def test_find_mpirun_order(tmp_path):
+    find_mpirun = launch_command.find_mpirun
     venv_bin = tmp_path / "venv" / "bin"
     path_bin = tmp_path / "path"
     venv_bin.mkdir(parents=True)
@@ -107,27 +350,29 @@ def test_find_mpirun_order(tmp_path):
     python = str(venv_bin / "python")
     on_path = _executable(path_bin / "mpirun")
     environ = {"PATH": str(path_bin)}
-    assert runner.find_mpirun(environ, python) == on_path
+    assert find_mpirun(environ, python) == on_path
     beside = _executable(venv_bin / "mpirun")
-    assert runner.find_mpirun(environ, python) == beside
+    assert find_mpirun(environ, python) == beside
     chosen = _executable(tmp_path / "my-mpirun")
     environ["TFRING_MPIRUN"] = chosen
-    assert runner.find_mpirun(environ, python) == chosen
+    assert find_mpirun(environ, python) == chosen
 
 
 def test_missing_mpirun_says_how_to_fix(tmp_path):
     python = str(tmp_path / "python")
-    with pytest.raises(runner.RunnerError,
+    with pytest.raises(launch_command.RunnerError,
                        match="TFRING_MPIRUN=/path/to/mpirun"):
-        runner.find_mpirun({"PATH": str(tmp_path)}, python)
-    with pytest.raises(runner.RunnerError, match="'/no/such/mpirun'.*not an"):
-        runner.find_mpirun({"TFRING_MPIRUN": "/no/such/mpirun"}, python)
+        launch_command.find_mpirun({"PATH": str(tmp_path)}, python)
+    with pytest.raises(launch_command.RunnerError,
+                       match="'/no/such/mpirun'.*not an"):
+        launch_command.find_mpirun({"TFRING_MPIRUN": "/no/such/mpirun"},
+                                   python)
 
 
-def _run(argv, env, timeout=120):
+def _run(argv, env, timeout=300, cwd=None):
     """Runs argv in its own process group; kills the group on timeout."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -172,3 +417,54 @@ def test_exit_status_passes_through():
     rc, _, _ = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
                      sys.executable, "-c", "raise SystemExit(3)"], _env())
     assert rc == 3
+
+
+_PRINT_RANK_ENV = (
+    "import os; r = os.environ['OMPI_COMM_WORLD_RANK']; "
+    "print(r, os.environ.get('TFRING_TIMELINE'), "
+    "os.environ.get('TFRING_FUSION_THRESHOLD'), "
+    "os.environ.get('TFRING_CYCLE_TIME'), flush=True)")
+
+
+def test_flags_reach_every_rank(tmp_path):
+    rc, out, err = _run(
+        [sys.executable, "-m", "tfring.runner", "-np", "2",
+         "--timeline-filename", "t.json", "--fusion-threshold-mb", "1",
+         sys.executable, "-c", _PRINT_RANK_ENV],
+        _env(TFRING_CYCLE_TIME="7"), cwd=tmp_path)
+    assert rc == 0, err
+    timeline = str(tmp_path / "t.json")
+    assert sorted(out.split("\n")[:-1]) == [
+        f"0 {timeline} 1048576 7", f"1 {timeline} 1048576 7"]
+
+
+def test_output_filename_writes_each_ranks_output_to_files(tmp_path):
+    script = ("import os, sys; r = os.environ['OMPI_COMM_WORLD_RANK']; "
+              "print('out of', r); print('err of', r, file=sys.stderr)")
+    logs = tmp_path / "logs" / "run1"
+    rc, out, err = _run(
+        [sys.executable, "-m", "tfring.runner", "-np", "2",
+         "--output-filename", str(logs), sys.executable, "-c", script],
+        _env())
+    assert rc == 0, err
+    assert "out of" not in out and "err of" not in err
+    files = sorted(os.listdir(logs))
+    assert [name.rsplit(".", 2)[1:] for name in files] == [
+        ["0", "err"], ["0", "out"], ["1", "err"], ["1", "out"]], files
+    assert all(name.startswith("rank.") for name in files)
+    for name in files:
+        rank, stream = name.rsplit(".", 2)[1:]
+        expected = ("out of " if stream == "out" else "err of ") + rank
+        assert (logs / name).read_text().strip() == expected
+
+
+def test_output_filename_that_cannot_be_a_directory_is_an_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc, _, err = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
+                       "--output-filename", str(blocker / "logs"), "true"],
+                      _env())
+    assert rc == 1
+    assert (f"tfringrun: error: --output-filename {blocker}/logs: cannot "
+            f"create the directory (Not a directory). Expected a directory "
+            f"tfringrun can create or write to.") in err

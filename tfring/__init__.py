@@ -4,6 +4,7 @@
 # own module (basics, process_sets, collectives, compression, functions,
 # sync_batch_norm, tape, ops).
 
+from tfring._version import __version__
 from tfring.basics import (
     ccl_built,
     cross_rank,

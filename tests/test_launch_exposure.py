@@ -1,0 +1,265 @@
+# Which network ports a tfringrun job opens, seen from the outside.
+#
+# Why: a job whose ranks share one host needs no network, so its ranks must
+# not listen where other machines can reach them (Open MPI's TCP transport
+# otherwise listens on every address, ports from 1024, in every rank). The
+# tests start real 2-rank jobs, list the listening sockets of every process
+# of the job (/proc/net/{tcp,tcp6,udp,udp6} matched to /proc/PID/fd), and
+# check where each one listens. A plain mpirun job is measured the same way
+# to show that the listing sees rank listeners when there are some.
+
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+import mpi_launch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAITING_JOB = os.path.join(REPO, "tests", "job_scripts", "waiting_job.py")
+START_SECONDS = 300  # ranks import TensorFlow; the machine may be busy
+
+# /proc/net files: (protocol, file, state of a socket that accepts
+# connections or datagrams from anyone: TCP LISTEN, UDP unconnected).
+_SOCKET_TABLES = (("tcp", "/proc/net/tcp", "0A"),
+                  ("tcp6", "/proc/net/tcp6", "0A"),
+                  ("udp", "/proc/net/udp", "07"),
+                  ("udp6", "/proc/net/udp6", "07"))
+
+
+def _address(hex_address):
+    """'0100007F:1F90' -> ('127.0.0.1', 8080); the same for IPv6."""
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    # The kernel prints each 32-bit word in host (little-endian) order.
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, raw), int(port, 16)
+
+
+def _listening_sockets():
+    """{socket inode: (protocol, address, port)} in this network
+    namespace."""
+    found = {}
+    for protocol, path, state in _SOCKET_TABLES:
+        try:
+            with open(path) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue  # No IPv6 here.
+        for row in rows:
+            fields = row.split()
+            if fields[3] == state:
+                found[fields[9]] = (protocol,) + _address(fields[1])
+    return found
+
+
+def _sockets_of(pid, listening):
+    """The entries of `listening` that process `pid` holds open."""
+    held = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return held
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inode = target[len("socket:["):-1]
+            if inode in listening:
+                held.append(listening[inode])
+    return sorted(set(held))
+
+
+def _argv(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _is_loopback(address):
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _is_wildcard(address):
+    return ipaddress.ip_address(address).is_unspecified
+
+
+class _Job:
+    """A job started in its own session and tagged (see mpi_launch.py), so
+    its processes can be found and are all ended afterwards."""
+
+    def __init__(self, argv, env):
+        self.tag = uuid.uuid4().hex
+        env = dict(env, **{mpi_launch.TAG_VARIABLE: self.tag})
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     errors="replace",
+                                     start_new_session=True)
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for_lines(self, prefix, count, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if sum(line.startswith(prefix) for line in self.lines) >= count:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.end()
+        pytest.fail(f"expected {count} lines starting with {prefix!r} "
+                    f"within {seconds} s; output:\n" + "\n".join(self.lines))
+
+    def listeners(self):
+        """{pid: (argv, [(protocol, address, port)])} for every process of
+        the job."""
+        listening = _listening_sockets()
+        return {pid: (_argv(pid), _sockets_of(pid, listening))
+                for pid in mpi_launch._tagged_pids(self.tag)}
+
+    def finish(self, seconds):
+        try:
+            self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            left = {pid: _argv(pid)
+                    for pid in mpi_launch._tagged_pids(self.tag)}
+            self.end()
+            pytest.fail(f"the job did not finish within {seconds} s; still "
+                        f"running: {left}; output:\n" + "\n".join(self.lines))
+        self._reader.join(10)
+        mpi_launch._kill_tagged(self.tag)
+        return self.proc.returncode
+
+    def end(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        mpi_launch._kill_tagged(self.tag)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+@pytest.fixture(scope="module")
+def tfringrun_job(tmp_path_factory):
+    """A 2-rank tfringrun job: its listeners while it waits, its output."""
+    release = tmp_path_factory.mktemp("exposure") / "release"
+    job = _Job([sys.executable, "-m", "tfring.runner", "--verbose",
+                "-np", "2", sys.executable, WAITING_JOB, str(release)],
+               _env())
+    try:
+        job.wait_for_lines("ready rank", 2, START_SECONDS)
+        listeners = job.listeners()
+    finally:
+        release.touch()
+    returncode = job.finish(120)
+    return returncode, "\n".join(job.lines), listeners
+
+
+def _ranks(listeners, script=WAITING_JOB):
+    """The processes that run `script` (mpirun's own command line names it
+    too, further on)."""
+    return {pid: found for pid, found in listeners.items()
+            if found[0][1:2] == [script]}
+
+
+def test_the_job_runs_on_shared_memory(tfringrun_job):
+    returncode, output, listeners = tfringrun_job
+    assert returncode == 0, output
+    assert sorted(line for line in output.splitlines()
+                  if line.startswith("done rank")) == ["done rank 0",
+                                                       "done rank 1"]
+    assert output.count("shm True") == 2, output
+    assert len(_ranks(listeners)) == 2, listeners
+    # The --verbose echo: one host, so no TCP transport.
+    assert "--mca btl self,sm" in output
+
+
+def test_ranks_of_a_one_host_job_listen_on_no_port(tfringrun_job):
+    _, _, listeners = tfringrun_job
+    ranks = _ranks(listeners)
+    assert ranks
+    for pid, (argv, sockets) in ranks.items():
+        assert sockets == [], f"rank {pid} ({argv}) listens on {sockets}"
+
+
+def test_the_launcher_listens_on_loopback_but_for_prrte_daemon_channel(
+        tfringrun_job):
+    # mpirun's PMIx server (the ranks' link to it) listens on 127.0.0.1.
+    # PRRTE 3.0 binds its daemon channel to the wildcard address, one socket
+    # per address family, whatever its interface options say: that is the
+    # only exception allowed, and only in mpirun itself.
+    _, _, listeners = tfringrun_job
+    launcher = {pid: found for pid, found in listeners.items()
+                if pid not in _ranks(listeners)}
+    assert launcher, listeners
+    exposed = []
+    for pid, (argv, sockets) in launcher.items():
+        for protocol, address, port in sockets:
+            if _is_loopback(address):
+                continue
+            exposed.append((argv[0], protocol, address))
+            assert protocol in ("tcp", "tcp6") and _is_wildcard(address), \
+                f"{argv} listens on {protocol} {address}:{port}"
+    assert all(os.path.basename(program) in ("prterun", "mpirun")
+               for program, _, _ in exposed), exposed
+    assert len(exposed) <= 2, exposed
+    assert any(_is_loopback(address)
+               for _, sockets in launcher.values()
+               for _, address, _ in sockets), launcher
+
+
+def test_plain_mpirun_ranks_do_listen_on_every_address(tmp_path):
+    # The measurement itself: without tfringrun's options Open MPI's TCP
+    # transport listens in every rank, and the listing must see it.
+    pytest.importorskip("mpi4py")
+    release = tmp_path / "release"
+    script = ("import os, sys, time\n"
+              "from mpi4py import MPI\n"
+              "c = MPI.COMM_WORLD\n"
+              "print(f'ready rank {c.Get_rank()}', flush=True)\n"
+              "deadline = time.monotonic() + 120\n"
+              "while not os.path.exists(sys.argv[1]) and "
+              "time.monotonic() < deadline:\n"
+              "    time.sleep(0.1)\n"
+              "c.Barrier()\n")
+    job = _Job(mpi_launch.mpirun_command(
+        2, [sys.executable, "-c", script, str(release)]), _env())
+    try:
+        job.wait_for_lines("ready rank", 2, START_SECONDS)
+        listeners = job.listeners()
+    finally:
+        release.touch()
+    assert job.finish(60) == 0, "\n".join(job.lines)
+    ranks = _ranks(listeners, script="-c")
+    assert len(ranks) == 2, listeners
+    for pid, (_, sockets) in ranks.items():
+        assert any(protocol.startswith("tcp") and _is_wildcard(address)
+                   for protocol, address, _ in sockets), (pid, sockets)

@@ -1,0 +1,198 @@
+# tfringrun's flags for the TFRING_* knobs, as one table.
+#
+# Why a table: every such flag does the same thing, it sets one environment
+# variable for every rank (tfringrun passes it with `mpirun -x NAME=VALUE`,
+# so remote hosts get it too). The flag names are horovodrun's where Horovod
+# has the same knob, so a Horovod user's command line keeps working; units
+# follow the flag name (`-mb` is MiB, `-ms` milliseconds). The core declares
+# the knobs themselves (cc/config.h, listed by tfring._core.config()); a
+# test checks that each one has a flag here.
+
+import argparse
+import dataclasses
+import os
+
+
+def _number(text, unit, example):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected a non-negative number of {unit}, "
+            f"e.g. {example}")
+    return value
+
+
+def _whole(text, unit, example):
+    value = _number(text, unit, example)
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected a whole number of {unit}, "
+            f"e.g. {example}")
+    return str(int(value))
+
+
+def _plain(value):
+    """A float as the core reads it: "2" rather than "2.0"."""
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """How a flag's argument becomes the variable's value."""
+    metavar: str
+    example: str  # a sample argument, for error messages
+    convert: object  # (text, example) -> the variable's value, as a string
+
+    def argument_type(self, flag):
+        return lambda text: self.convert(text, f"{flag} {self.example}")
+
+
+MIB = Kind("MB", "64", lambda text, example: str(int(round(
+    _number(text, "MiB", example) * 1024 * 1024))))
+BYTES = Kind("BYTES", "33554432",
+             lambda text, example: _whole(text, "bytes", example))
+COUNT = Kind("N", "3", lambda text, example: _whole(text, "items", example))
+MILLISECONDS = Kind("MS", "2.5", lambda text, example: _plain(
+    _number(text, "milliseconds", example)))
+SECONDS = Kind("SECONDS", "30", lambda text, example: _plain(
+    _number(text, "seconds", example)))
+NUMBER = Kind("X", "0.5", lambda text, example: _plain(
+    _number(text, "units", example)))
+# Relative paths become absolute: ranks on other hosts start in whatever
+# directory their daemon gives them.
+PATH = Kind("FILE", "/tmp/out", lambda text, example: os.path.abspath(text))
+TEXT = Kind("SPEC", "", lambda text, example: text)
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobFlag:
+    flags: tuple  # option strings; the first names the argparse dest
+    env: str
+    help: str
+    kind: Kind = None  # None: a switch that sets `const`
+    const: str = None
+    choices: tuple = None
+
+    @property
+    def dest(self):
+        return "knob_" + self.flags[0].lstrip("-").replace("-", "_")
+
+
+KNOB_FLAGS = (
+    KnobFlag(("--fusion-threshold-mb",), "TFRING_FUSION_THRESHOLD",
+             "fusion buffer size in MiB; 0 disables fusion (default 128)",
+             MIB),
+    KnobFlag(("--cycle-time-ms",), "TFRING_CYCLE_TIME",
+             "milliseconds between negotiation rounds when no work arrives "
+             "(default 1)", MILLISECONDS),
+    KnobFlag(("--cache-capacity",), "TFRING_CACHE_CAPACITY",
+             "negotiated tensors remembered; 0 disables the response cache "
+             "(default 1024)", COUNT),
+    KnobFlag(("--disable-cache",), "TFRING_CACHE_CAPACITY",
+             "no response cache (the same as --cache-capacity 0)", const="0"),
+    KnobFlag(("--direct-threshold-mb",), "TFRING_DIRECT_THRESHOLD",
+             "allreduces of at least this many MiB skip the fusion buffer "
+             "(default 1)", MIB),
+    KnobFlag(("--no-shm",), "TFRING_SHM",
+             "ranks on one host talk through MPI instead of shared memory",
+             const="0"),
+    KnobFlag(("--shm-bytes",), "TFRING_SHM_BYTES",
+             "bytes of each rank's shared-memory slot (default 33554432)",
+             BYTES),
+    KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
+             "seconds to wait for a live peer in a shared-memory operation "
+             "(default 30)", SECONDS),
+    KnobFlag(("--output-pool-bytes",), "TFRING_OUTPUT_POOL_BYTES",
+             "bytes of freed collective outputs kept for reuse; 0 disables "
+             "(default 536870912)", BYTES),
+    KnobFlag(("--no-stall-check",), "TFRING_STALL_CHECK_TIME_SECONDS",
+             "no warning about tensors that other ranks are late to submit",
+             const="0"),
+    KnobFlag(("--stall-check-warning-time-seconds",),
+             "TFRING_STALL_CHECK_TIME_SECONDS",
+             "seconds before rank 0 warns which ranks a tensor waits for "
+             "(default 60)", SECONDS),
+    KnobFlag(("--stall-check-shutdown-time-seconds",),
+             "TFRING_STALL_SHUTDOWN_TIME_SECONDS",
+             "seconds a tensor may wait before the job stops with an error; "
+             "0 never (default 0)", SECONDS),
+    KnobFlag(("--log-level",), "TFRING_LOG_LEVEL",
+             "least severe message the core logs (default warning)",
+             TEXT, choices=LOG_LEVELS),
+    KnobFlag(("--timeline-filename",), "TFRING_TIMELINE",
+             "rank 0 records a timeline of every collective into FILE",
+             PATH),
+    KnobFlag(("--timeline-mark-cycles",), "TFRING_TIMELINE_MARK_CYCLES",
+             "the timeline also marks each background-loop cycle",
+             const="1"),
+    KnobFlag(("--autotune",), "TFRING_AUTOTUNE",
+             "rank 0 tunes the fusion threshold, direct threshold and cycle "
+             "time while the job trains; flags given for them stay fixed",
+             const="1"),
+    KnobFlag(("--autotune-log-file",), "TFRING_AUTOTUNE_LOG",
+             "CSV file where the autotuner records every trial", PATH),
+    KnobFlag(("--autotune-start",), "TFRING_AUTOTUNE_START",
+             "first trial, e.g. fusion_threshold=65536,cycle_time=1", TEXT),
+    KnobFlag(("--autotune-warmup-samples",),
+             "TFRING_AUTOTUNE_WARMUP_SAMPLES",
+             "autotuner samples discarded at the start (default 3)", COUNT),
+    KnobFlag(("--autotune-steps-per-sample", "--autotune-cycles-per-sample"),
+             "TFRING_AUTOTUNE_CYCLES_PER_SAMPLE",
+             "cycles that moved data per autotuner sample (default 10)",
+             COUNT),
+    KnobFlag(("--autotune-samples-per-trial",),
+             "TFRING_AUTOTUNE_SAMPLES_PER_TRIAL",
+             "samples per autotuner trial (default 3)", COUNT),
+    KnobFlag(("--autotune-bayes-opt-max-samples", "--autotune-max-trials"),
+             "TFRING_AUTOTUNE_MAX_TRIALS",
+             "trials before the autotuner settles (default 20)", COUNT),
+    KnobFlag(("--autotune-gaussian-process-noise",),
+             "TFRING_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+             "noise the autotuner's Gaussian process assumes (default 0.3)",
+             NUMBER),
+)
+
+
+def add_arguments(parser):
+    """Adds one argument per KNOB_FLAGS entry to an argparse parser."""
+    group = parser.add_argument_group(
+        "tfring settings (each sets a TFRING_* variable for every rank)")
+    for knob in KNOB_FLAGS:
+        help_text = f"{knob.help} [{knob.env}]"
+        if knob.kind is None:
+            group.add_argument(*knob.flags, dest=knob.dest,
+                               action="store_const", const=knob.const,
+                               default=None, help=help_text)
+        elif knob.choices:
+            group.add_argument(*knob.flags, dest=knob.dest, default=None,
+                               type=str.lower, choices=knob.choices,
+                               metavar="{" + ",".join(knob.choices) + "}",
+                               help=help_text)
+        else:
+            group.add_argument(*knob.flags, dest=knob.dest, default=None,
+                               type=knob.kind.argument_type(knob.flags[0]),
+                               metavar=knob.kind.metavar, help=help_text)
+
+
+def settings(args):
+    """The TFRING_* variables the parsed flags set: {name: value}.
+
+    Raises ValueError when two flags set the same variable."""
+    chosen, given_by = {}, {}
+    for knob in KNOB_FLAGS:
+        value = getattr(args, knob.dest, None)
+        if value is None:
+            continue
+        if knob.env in chosen:
+            raise ValueError(
+                f"{given_by[knob.env]} and {knob.flags[0]} both set "
+                f"{knob.env}. Expected at most one of them. Keep the one "
+                f"you mean.")
+        chosen[knob.env] = value
+        given_by[knob.env] = knob.flags[0]
+    return chosen
