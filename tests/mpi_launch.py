@@ -116,10 +116,24 @@ def launch(argv, num_ranks, timeout, env=None, cwd=None):
     and all its processes are ended and `timed_out` is set.
     """
     env = dict(os.environ if env is None else env)
+    # The tag itself is set by launch_command().
+    forward = sorted({k for k in env if k.startswith("TFRING_")}
+                     | {TAG_VARIABLE})
+    command = mpirun_command(num_ranks, argv, forward)
+    return launch_command(command, timeout, env=env, cwd=cwd)
+
+
+def launch_command(command, timeout, env=None, cwd=None):
+    """Runs a ready-made launch `command` (tfringrun, or mpirun entered into
+    another host's namespaces) with launch()'s timeout and cleanup.
+
+    The command must pass TFRING_LAUNCH_TAG on to every process it starts
+    on other hosts (tfringrun forwards every TFRING_* variable); processes on
+    this host inherit it.
+    """
+    env = dict(os.environ if env is None else env)
     tag = uuid.uuid4().hex
     env[TAG_VARIABLE] = tag
-    forward = sorted(k for k in env if k.startswith("TFRING_"))
-    command = mpirun_command(num_ranks, argv, forward)
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, env=env, cwd=cwd,
