@@ -5,7 +5,7 @@
     tfringrun -np 8 -H node1:4,node2:4 python benchmarks/hierarchical.py --worker   # real hosts
 
 Without --worker, this machine plays the hosts: network namespaces joined by
-a bridge (tests/netns_hosts.py), each with its own host name and /dev/shm,
+a bridge (tools/netns_hosts.py), each with its own host name and /dev/shm,
 the link of every host limited to --link-rate with a token-bucket filter, so
 that, as on a cluster, the network between hosts is the bottleneck and the
 ranks of one host share memory. Then it runs itself with --worker on every

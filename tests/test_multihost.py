@@ -1,5 +1,5 @@
 # tfring across hosts: jobs launched with tfringrun on two "hosts" that are
-# namespaces of this machine (tests/netns_hosts.py), reached by Open MPI
+# namespaces of this machine (tools/netns_hosts.py), reached by Open MPI
 # through a launch agent instead of ssh.
 #
 # Why: on one host every rank shares a host name and /dev/shm, so tfring
@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import mpi_launch
-import netns_hosts
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import netns_hosts  # noqa: E402
 HOST_NAMES = ("hostA", "hostB")
 JOB_TIMEOUT_S = 300
 # How long a job may take to end after one of its ranks was killed.
@@ -82,14 +83,24 @@ def _launch(hosts, placement, style, program, **kwargs):
     return _run(hosts, argv, **kwargs)
 
 
-@pytest.mark.parametrize("style, placement", [
-    ("-H", [("hostA", 2), ("hostB", 2)]),
-    # Uneven: the cross communicators differ in size between local ranks.
-    ("--hostfile", [("hostA", 1), ("hostB", 3)]),
+@pytest.mark.parametrize("style, placement, hierarchical", [
+    # auto: allreduces of 256 KiB and more take the hierarchical path.
+    ("-H", [("hostA", 2), ("hostB", 2)], None),
+    # Every allreduce, of every dtype, inside each host then across.
+    ("-H", [("hostA", 2), ("hostB", 2)], "1"),
+    # Uneven: the cross communicators differ in size between local ranks,
+    # so allreduces stay flat.
+    ("--hostfile", [("hostA", 1), ("hostB", 3)], None),
 ])
-def test_topology_and_every_collective_across_hosts(hosts, style, placement):
+def test_topology_and_every_collective_across_hosts(hosts, style, placement,
+                                                    hierarchical):
     script = REPO / "tests" / "job_scripts" / "multihost_collectives.py"
-    result = _launch(hosts, placement, style, [sys.executable, str(script)])
+    extra_env = {"TFRING_HIERARCHICAL_ALLREDUCE": hierarchical} \
+        if hierarchical else None
+    result = _launch(hosts, placement, style, [sys.executable, str(script)],
+                     extra_env=extra_env)
+    even = len({slots for _, slots in placement}) == 1
+    expected_path = "hierarchical" if even and placement[0][1] > 1 else "mpi"
     assert result.returncode == 0 and not result.timed_out, result.describe()
     reports = sorted((json.loads(line.split(" ", 1)[1])
                       for line in result.output.splitlines()
@@ -103,16 +114,21 @@ def test_topology_and_every_collective_across_hosts(hosts, style, placement):
         assert got == wanted, f"rank {report['rank']}: {got} != {wanted}"
         assert report["is_homogeneous"] == (
             len({slots for _, slots in placement}) == 1), report
-        # Shared memory needs every rank of the job on one host.
+        # Shared memory for the whole job needs every rank on one host;
+        # the same number of ranks (two or more) on every host makes the
+        # hierarchical allreduce.
         assert report["shm_enabled"] is False, report
+        assert report["data_path"] == expected_path, report
         assert report["failures"] == [], (report["rank"], report["failures"])
         assert report["checks"] == reports[0]["checks"], report["rank"]
-    # The per-host process sets use shared memory: the ranks of a host map
-    # one segment, in that host's own /dev/shm (a device of its own).
+    # The per-host process sets use shared memory, and so does the
+    # hierarchical allreduce inside each host: the ranks of a host map the
+    # same segments, in that host's own /dev/shm (a device of its own).
+    per_host = 2 if expected_path == "hierarchical" else 1
     for host, _ in placement:
         on_host = [r for r in reports if r["host"] == host]
         if len(on_host) > 1:
-            assert len(on_host[0]["segments"]) == 1, on_host[0]
+            assert len(on_host[0]["segments"]) == per_host, on_host[0]
             assert all(r["segments"] == on_host[0]["segments"]
                        for r in on_host), on_host
         else:  # one rank: nothing to share

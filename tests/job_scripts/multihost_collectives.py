@@ -163,6 +163,7 @@ print("RESULT " + json.dumps({
     "local_rank": tfring.local_rank(), "local_size": tfring.local_size(),
     "cross_rank": tfring.cross_rank(), "cross_size": tfring.cross_size(),
     "is_homogeneous": tfring.is_homogeneous(),
-    "shm_enabled": tfring.shm_enabled(), "segments": segments,
+    "shm_enabled": tfring.shm_enabled(), "data_path": tfring.data_path(),
+    "segments": segments,
     "checks": checks, "failures": failures}), flush=True)
 tfring.shutdown()

@@ -13,7 +13,7 @@
 #     for shared memory, and MPI's shared-memory transport, stay per host.
 # A long-lived holder process keeps each host's UTS and mount namespaces
 # alive; commands enter a host with `nsenter` on that holder. Open MPI
-# reaches the other hosts through tests/netns_launch_agent.sh, set as
+# reaches the other hosts through tools/netns_launch_agent.sh, set as
 # PRRTE's ssh agent, which runs the daemon's command inside the named host.
 #
 # Cleanup: leaving the context ends every process inside the hosts' network

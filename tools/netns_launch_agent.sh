@@ -1,5 +1,5 @@
 #!/bin/sh
-# PRRTE's "ssh" for the namespace hosts of tests/netns_hosts.py.
+# PRRTE's "ssh" for the namespace hosts of tools/netns_hosts.py.
 #
 # Why: Open MPI starts its daemon on every other host by running
 #   <plm_ssh_agent> HOST 'COMMAND LINE'
