@@ -49,11 +49,11 @@ constexpr int64_t kHierarchicalAuto = 2;
   X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, kJob,                       \
     "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
     "the job fails; a peer that exited is noticed within milliseconds.")                   \
-  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", kHierarchicalAuto, kJob, \
+  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", 0, kJob,              \
     "When the ranks span hosts with the same number on each: 1 reduces every allreduce "   \
     "inside each host, then across hosts one slice per local rank, then gathers inside "   \
-    "the host; 0 never; auto (or 2, the default) only allreduces of at least "            \
-    "TFRING_HIERARCHICAL_THRESHOLD bytes.")                                               \
+    "the host; auto (or 2) only allreduces of at least TFRING_HIERARCHICAL_THRESHOLD "     \
+    "bytes; 0 (default) never: MPI's own allreduce was as fast or faster where measured.") \
   X(int64_t, hierarchical_threshold, "TFRING_HIERARCHICAL_THRESHOLD", 256 * 1024, kJob,    \
     "With TFRING_HIERARCHICAL_ALLREDUCE=auto: allreduces (fused batches or single "         \
     "tensors) of at least this many bytes take the hierarchical path; smaller ones stay "  \

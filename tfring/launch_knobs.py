@@ -109,16 +109,16 @@ KNOB_FLAGS = (
              "(default 30)", SECONDS),
     KnobFlag(("--hierarchical-allreduce",), "TFRING_HIERARCHICAL_ALLREDUCE",
              "across hosts, reduce every allreduce inside each host first, "
-             "then across hosts (default: only allreduces of at least "
-             "--hierarchical-threshold-mb)", const="1"),
-    KnobFlag(("--no-hierarchical-allreduce",),
+             "then across hosts (default: flat over all ranks)", const="1"),
+    KnobFlag(("--hierarchical-allreduce-auto",),
              "TFRING_HIERARCHICAL_ALLREDUCE",
-             "across hosts, every allreduce runs flat over all ranks",
-             const="0"),
+             "across hosts, only allreduces of at least "
+             "--hierarchical-threshold-mb take the hierarchical path",
+             const="auto"),
     KnobFlag(("--hierarchical-threshold-mb",),
              "TFRING_HIERARCHICAL_THRESHOLD",
-             "across hosts, allreduces of at least this many MiB take the "
-             "hierarchical path (default 0.25)", MIB),
+             "with --hierarchical-allreduce-auto, the size in MiB from which "
+             "allreduces take the hierarchical path (default 0.25)", MIB),
     KnobFlag(("--output-pool-bytes",), "TFRING_OUTPUT_POOL_BYTES",
              "bytes of freed collective outputs kept for reuse; 0 disables "
              "(default 536870912)", BYTES),
