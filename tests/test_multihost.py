@@ -84,13 +84,13 @@ def _launch(hosts, placement, style, program, **kwargs):
 
 
 @pytest.mark.parametrize("style, placement, hierarchical", [
-    # auto: allreduces of 256 KiB and more take the hierarchical path.
+    # By default allreduces run flat over every rank.
     ("-H", [("hostA", 2), ("hostB", 2)], None),
     # Every allreduce, of every dtype, inside each host then across.
     ("-H", [("hostA", 2), ("hostB", 2)], "1"),
     # Uneven: the cross communicators differ in size between local ranks,
-    # so allreduces stay flat.
-    ("--hostfile", [("hostA", 1), ("hostB", 3)], None),
+    # so allreduces stay flat even when the hierarchical path is asked for.
+    ("--hostfile", [("hostA", 1), ("hostB", 3)], "1"),
 ])
 def test_topology_and_every_collective_across_hosts(hosts, style, placement,
                                                     hierarchical):
@@ -100,7 +100,8 @@ def test_topology_and_every_collective_across_hosts(hosts, style, placement,
     result = _launch(hosts, placement, style, [sys.executable, str(script)],
                      extra_env=extra_env)
     even = len({slots for _, slots in placement}) == 1
-    expected_path = "hierarchical" if even and placement[0][1] > 1 else "mpi"
+    expected_path = "hierarchical" if (hierarchical == "1" and even and
+                                       placement[0][1] > 1) else "mpi"
     assert result.returncode == 0 and not result.timed_out, result.describe()
     reports = sorted((json.loads(line.split(" ", 1)[1])
                       for line in result.output.splitlines()
@@ -136,6 +137,9 @@ def test_topology_and_every_collective_across_hosts(hosts, style, placement,
     devices = [r["segments"][0].split()[0] for r in reports if r["segments"]]
     assert len(set(devices)) == sum(
         1 for _, slots in placement if slots > 1), devices
+    if hierarchical == "1" and not even:
+        assert ("TFRING_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run "
+                "different numbers of ranks") in result.output, result.describe()
     kinds = {check.split()[0] for check in reports[0]["checks"]}
     assert kinds >= {"allreduce", "grouped_allreduce", "allgather",
                      "broadcast", "alltoall", "reducescatter"}, kinds
