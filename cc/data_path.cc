@@ -25,7 +25,7 @@ Status ConnectHierarchical(MpiTransport* flat, const Config& config,
   const bool even = std::all_of(local_sizes.begin(), local_sizes.end(),
                                 [&](int64_t n) { return n == local_size; });
   const bool several_hosts = local_size < flat->size();
-  if (!several_hosts || local_size < 2) return Status::OK();
+  if (!several_hosts) return Status::OK();
   if (!even) {
     if (flat->rank() == 0 && config.hierarchical_allreduce == 1) {
       TFRING_LOG(kWarning, "TFRING_HIERARCHICAL_ALLREDUCE=1 is ignored: the hosts run different "
@@ -35,6 +35,7 @@ Status ConnectHierarchical(MpiTransport* flat, const Config& config,
     }
     return Status::OK();
   }
+  if (local_size < 2) return Status::OK();  // one rank per host: nothing to split
   std::unique_ptr<MpiTransport> local_mpi, cross;
   TFRING_RETURN_IF_ERROR(MpiTransport::CreateHostSplit(flat->comm(), &local_mpi, &cross));
   // The host's ranks share memory when they can (errors then name job ranks).
