@@ -68,6 +68,9 @@ def project(tmp_path):
     (tmp_path / "cc").mkdir()
     (tmp_path / "tfring").mkdir()
     (tmp_path / "setup.py").write_text((ROOT / "setup.py").read_text())
+    # setup.py reads the package version from here.
+    (tmp_path / "tfring" / "_version.py").write_text(
+        (ROOT / "tfring" / "_version.py").read_text())
     (tmp_path / "cc" / "api.h").write_text(API_H)
     (tmp_path / "cc" / "answer.h").write_text(ANSWER_H)
     (tmp_path / "cc" / "core.cc").write_text(CORE_CC)
