@@ -28,12 +28,13 @@ import argparse
 import os
 import socket
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+
+sys.path.insert(0, HERE)
+import _namespace_hosts  # noqa: E402
 
 PATHS = {"flat": "0", "hierarchical": "1"}
 KIB, MIB = 1024, 1024 * 1024
@@ -41,15 +42,7 @@ KIB, MIB = 1024, 1024 * 1024
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", action="store_true",
-                        help="measure (run on every rank under tfringrun/mpirun)")
-    parser.add_argument("--hosts", type=int, default=2,
-                        help="namespace hosts to make (default 2)")
-    parser.add_argument("--ranks-per-host", type=int, default=2,
-                        help="ranks on each namespace host (default 2)")
-    parser.add_argument("--link-rate", default="1gbit",
-                        help="each namespace host's link rate, as tc writes "
-                             "it (default 1gbit; 'none' for no limit)")
+    _namespace_hosts.add_arguments(parser)
     parser.add_argument("--repeats", type=int, default=10,
                         help="timed repetitions per variant per round")
     parser.add_argument("--rounds", type=int, default=2,
@@ -67,7 +60,6 @@ def worker(args):
     import tensorflow as tf
 
     import tfring as hvd
-    sys.path.insert(0, HERE)
     from _timing import check, describe_size, measure, rank_data
     from allreduce import resnet50_shapes
 
@@ -144,44 +136,14 @@ def report(args, cases, times, size, hosts):
 
 # ------------------------------------------------------------ orchestrator --
 
-def limit_link(host, rate):
-    """Limits what `host` sends to the other hosts to `rate` (a token-bucket
-    filter on its only link), as a cluster's network limits each machine."""
-    import subprocess
-    if rate == "none":
-        return
-    subprocess.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "add", "dev",
-                    "eth0", "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
-                   check=True, capture_output=True, text=True, timeout=30)
-
-
 def orchestrate(args):
     import subprocess
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import netns_hosts  # noqa: E402
-
-    why_not = netns_hosts.unavailable_reason()
-    if why_not:
-        raise SystemExit(f"cannot make namespace hosts here: {why_not}. Run as root "
-                         "on Linux, or run the worker across real hosts with "
-                         "tfringrun ... --worker.")
-    names = [f"host{chr(ord('a') + i)}" for i in range(args.hosts)]
-    with netns_hosts.NetnsHosts(names) as hosts:
-        for host in hosts.hosts:
-            limit_link(host, args.link_rate)
-        env = dict(os.environ, **hosts.mpi_env())
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in [ROOT, env.get("PYTHONPATH", "")] if p)
-        command = [sys.executable, "-m", "tfring.runner",
-                   "-np", str(args.hosts * args.ranks_per_host),
-                   "-H", ",".join(f"{n}:{args.ranks_per_host}" for n in names),
-                   sys.executable, os.path.abspath(__file__), "--worker",
-                   "--repeats", str(args.repeats), "--rounds", str(args.rounds)]
-        print(f"{args.hosts} namespace hosts x {args.ranks_per_host} ranks, each host's "
-              f"link limited to {args.link_rate}", flush=True)
+    with _namespace_hosts.namespace_hosts(args) as hosts:
         try:
-            finished = subprocess.run(hosts[0].enter(command, cwd=ROOT), env=env,
-                                      timeout=args.timeout)
+            finished = _namespace_hosts.run_workers(
+                hosts, args, __file__,
+                ["--repeats", str(args.repeats), "--rounds", str(args.rounds)],
+                timeout=args.timeout)
         except subprocess.TimeoutExpired:
             raise SystemExit(f"the benchmark did not finish within {args.timeout:.0f} s")
         raise SystemExit(finished.returncode)

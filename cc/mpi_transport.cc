@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cc/logging.h"
+#include "cc/mpi_failures.h"
 #include "cc/reduce_kernels.h"
 
 namespace tfring {
@@ -16,18 +17,32 @@ namespace {
 // MPI counts are ints: larger buffers go in chunks of at most this many elements.
 constexpr int64_t kMaxCount = INT_MAX / 8;
 
-Status MpiError(int code, const std::string& what) {
+std::string MpiErrorText(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  return Status::Aborted(what + " failed: " + std::string(text, length) +
+  return std::string(text, length);
+}
+
+// For failures before a transport exists (communicator set-up at init).
+Status MpiError(int code, const std::string& what) {
+  return Status::Aborted(what + " failed: " + MpiErrorText(code) +
                          " (another rank may have exited or lost its connection)");
 }
 
-#define TFRING_MPI_CALL(call, what)                          \
-  do {                                                       \
-    int _tfring_rc = (call);                                 \
-    if (_tfring_rc != MPI_SUCCESS) return MpiError(_tfring_rc, what); \
+// For the set-up calls, before a transport exists.
+#define TFRING_MPI_SETUP_CALL(call, what)                              \
+  do {                                                                 \
+    int _tfring_rc = (call);                                           \
+    if (_tfring_rc != MPI_SUCCESS) return MpiError(_tfring_rc, what);  \
+  } while (0)
+
+// Inside MpiTransport: the failure names the ranks that died where MPI
+// knows them.
+#define TFRING_MPI_CALL(call, what)                                    \
+  do {                                                                 \
+    int _tfring_rc = (call);                                           \
+    if (_tfring_rc != MPI_SUCCESS) return Failure(_tfring_rc, what);   \
   } while (0)
 
 // float16 and bfloat16 have no MPI type: they travel as 16-bit integers and
@@ -108,20 +123,22 @@ Status IntCountsAndOffsets(const std::vector<int64_t>& sizes, const char* what,
 Status SplitByHost(MPI_Comm comm, MPI_Comm* local, MPI_Comm* cross) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  TFRING_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, local),
+  TFRING_MPI_SETUP_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, local),
                   "MPI_Comm_split_type");
   int local_rank = 0;
   MPI_Comm_rank(*local, &local_rank);
-  TFRING_MPI_CALL(MPI_Comm_split(comm, local_rank, rank, cross), "MPI_Comm_split");
+  TFRING_MPI_SETUP_CALL(MPI_Comm_split(comm, local_rank, rank, cross), "MPI_Comm_split");
   return Status::OK();
 }
 
 }  // namespace
 
-Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport) {
+Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport,
+                            MPI_Comm job) {
   std::unique_ptr<MpiTransport> created(new MpiTransport());
-  TFRING_MPI_CALL(MPI_Comm_dup(comm, &created->comm_), "MPI_Comm_dup");
+  TFRING_MPI_SETUP_CALL(MPI_Comm_dup(comm, &created->comm_), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(created->comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_group(job == MPI_COMM_NULL ? comm : job, &created->job_group_);
   Topology& topology = created->topology_;
   MPI_Comm_rank(created->comm_, &topology.rank);
   MPI_Comm_size(created->comm_, &topology.size);
@@ -142,8 +159,8 @@ Status MpiTransport::CreateHostSplit(MPI_Comm comm, std::unique_ptr<MpiTransport
                                      std::unique_ptr<MpiTransport>* cross) {
   MPI_Comm local_comm, cross_comm;
   TFRING_RETURN_IF_ERROR(SplitByHost(comm, &local_comm, &cross_comm));
-  Status created = Create(local_comm, local);  // each its own duplicate
-  if (created.ok()) created = Create(cross_comm, cross);
+  Status created = Create(local_comm, local, comm);  // each its own duplicate
+  if (created.ok()) created = Create(cross_comm, cross, comm);
   MPI_Comm_free(&local_comm);
   MPI_Comm_free(&cross_comm);
   return created;
@@ -155,11 +172,11 @@ Status MpiTransport::CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
   MPI_Comm_rank(comm, &rank);
   const bool member = std::binary_search(ranks.begin(), ranks.end(), rank);
   MPI_Comm subset = MPI_COMM_NULL;
-  TFRING_MPI_CALL(MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &subset),
+  TFRING_MPI_SETUP_CALL(MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &subset),
                   "MPI_Comm_split (process set)");
   transport->reset();
   if (subset == MPI_COMM_NULL) return Status::OK();
-  Status created = Create(subset, transport);  // its own duplicate
+  Status created = Create(subset, transport, comm);  // its own duplicate
   MPI_Comm_free(&subset);
   return created;
 }
@@ -167,7 +184,28 @@ Status MpiTransport::CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
 MpiTransport::~MpiTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  if (job_group_ != MPI_GROUP_NULL) MPI_Group_free(&job_group_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Status MpiTransport::Failure(int code, const char* what) const {
+  std::string cause = "another rank may have exited or lost its connection";
+  if (IsProcessFailure(code)) {
+    const std::vector<int> failed = FailedJobRanks(comm_, job_group_);
+    if (!failed.empty()) {
+      const bool one = failed.size() == 1;
+      cause = RanksToString(failed) + (one ? " has" : " have") + " failed: " +
+              (one ? "its process" : "their processes") + " ended or " +
+              (one ? "its host" : "their hosts") + " became unreachable; " +
+              (one ? "its" : "their") + " output and host logs say why";
+    }
+    // The ranks still waiting on this communicator for the failed one would
+    // otherwise wait until mpirun ends the job.
+    RevokeAfterFailure(comm_);
+  }
+  return Status::Aborted(std::string(what) + " failed: " + MpiErrorText(code) + " (" + cause +
+                         ")");
 }
 
 Status MpiTransport::Wait(MPI_Request* request, const char* what) {

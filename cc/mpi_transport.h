@@ -24,8 +24,10 @@ namespace tfring {
 
 class MpiTransport : public Transport {
  public:
-  // Duplicates `comm`. MPI must be initialised.
-  static Status Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport);
+  // Duplicates `comm`. MPI must be initialised. Failures name ranks as
+  // ranks of `job` (by default `comm` itself).
+  static Status Create(MPI_Comm comm, std::unique_ptr<MpiTransport>* transport,
+                       MPI_Comm job = MPI_COMM_NULL);
   // Collective over every rank of `comm`: a transport over the ranks of
   // `comm` listed in `ranks` (sorted). Ranks not listed get null.
   static Status CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
@@ -60,8 +62,12 @@ class MpiTransport : public Transport {
   MpiTransport() = default;
   // Completes a non-blocking request: polls, then naps between polls.
   Status Wait(MPI_Request* request, const char* what);
+  // The Status for MPI error `code` from `what`, naming the failed ranks
+  // where MPI knows them (see mpi_failures.h).
+  Status Failure(int code, const char* what) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Group job_group_ = MPI_GROUP_NULL;
   Topology topology_;
 };
 

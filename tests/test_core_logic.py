@@ -13,7 +13,7 @@ from cc_test_binary import compile_binary, run_scenario, scenario_names
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "tests" / "cc" / "core_logic_test.cc"
-MPI_ONLY_SOURCES = {"mpi_transport.cc", "operations.cc", "data_path.cc"}
+MPI_ONLY_SOURCES = {"mpi_transport.cc", "mpi_failures.cc", "operations.cc", "data_path.cc"}
 WORLD_SIZES = range(1, 9)
 # Scenarios that also run at larger world sizes (ranks are threads, so this
 # is cheap): integer Average was wrong at sizes such as 49.

@@ -154,6 +154,21 @@ def test_ranks_on_one_host_use_no_tcp_transport(hosts, one_host, tmp_path):
     assert _contains(cmd, ONE_HOST) == one_host
 
 
+@pytest.mark.parametrize("hosts, environ, fault_tolerant", [
+    (["-H", "a:2,b:2"], {}, True),
+    ([], {}, False),                  # one host: shared memory names the dead
+    (["-H", "a:2,a:2"], {}, False),
+    # The user's own setting wins, off or on.
+    (["-H", "a:2,b:2"], {"OMPI_MCA_mpi_ft_enable": "0"}, False),
+    (["-H", "a:2,b:2"], {"OMPI_MCA_mpi_ft_enable": "1"}, False),
+])
+def test_several_hosts_run_in_fault_tolerant_mode(hosts, environ,
+                                                  fault_tolerant):
+    cmd = command(["-np", "4"] + hosts + ["p"], environ=environ)
+    assert _contains(cmd, launch_command.FAULT_TOLERANT_MPI) == fault_tolerant
+    assert _contains(cmd, ["--mca", "mpi_ft_enable", "1"]) == fault_tolerant
+
+
 def test_network_interface_restricts_open_mpi_and_prrte():
     cmd = command(["-np", "4", "-H", "a:2,b:2", "--network-interface", "eth0",
                    "--network-interface", "ib0,10.1.0.0/16", "p"])

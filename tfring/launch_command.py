@@ -44,6 +44,16 @@ _FORWARDED_NAMES = ("PYTHONPATH",)
 # ob1 keeps UCX or libfabric, which may open sockets of their own, out.
 ONE_HOST_TRANSPORT = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
 
+# Ranks on several hosts run in Open MPI's fault-tolerant mode (ULFM): a
+# rank that dies becomes an error on the survivors' communicators, and
+# tfring's error then names it (cc/mpi_failures.h). Without it the first
+# survivor to lose its TCP connection to the dead rank ends the job, and
+# mpirun's report often names that survivor. On one host tfring's shared
+# memory path already names a dead peer. OMPI_MCA_mpi_ft_enable in the
+# environment (0 to turn it off) takes precedence.
+FAULT_TOLERANT_MPI = ["--mca", "mpi_ft_enable", "1"]
+_FAULT_TOLERANCE_VARIABLE = "OMPI_MCA_mpi_ft_enable"
+
 # Per-rank output files: Open MPI 5 writes rank N's output to
 # <DIR>/rank.<job id>.<N>.out and .err (`--output file=PREFIX`; the older
 # spelling --output-filename means the same in Open MPI 5, a directory tree
@@ -176,12 +186,15 @@ def ranks_share_one_host(args):
     return len(distinct_names(args.host_entries)) <= 1
 
 
-def network_options(args):
-    """mpirun options that decide which network the job uses and where its
-    processes listen (see the top of this file)."""
+def network_options(args, environ):
+    """mpirun options that decide which network the job uses, where its
+    processes listen (see the top of this file) and how it reports a rank
+    that dies."""
     options = []
     if ranks_share_one_host(args):
         options += ONE_HOST_TRANSPORT
+    elif _FAULT_TOLERANCE_VARIABLE not in environ:
+        options += FAULT_TOLERANT_MPI
     if args.network_interfaces:
         interfaces = ",".join(args.network_interfaces)
         options += ["--mca", "btl_tcp_if_include", interfaces,
@@ -219,7 +232,7 @@ def mpirun_command(args, mpirun, environ, euid, cpu_count):
     # Each rank runs its own TensorFlow thread pools; binding a rank to one
     # core would squeeze them all onto it.
     command += ["--bind-to", "none"]
-    command += network_options(args)
+    command += network_options(args, environ)
     if args.output_filename is not None:
         command += ["--output", "file=" + os.path.join(
             args.output_filename, OUTPUT_FILE_PREFIX)]
