@@ -56,11 +56,15 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import process_reaping  # noqa: E402
+
 TAG_VARIABLE = "TFRING_BENCHMARK_TAG"
 RESULT_PREFIX = "BENCHMARK_RESULT "
 
@@ -389,33 +393,11 @@ def _die_with_parent():
         pass
 
 
-def _tagged_pids(tag):
-    needle = f"{TAG_VARIABLE}={tag}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
 def kill_tagged(tag):
     """Ends every process started with this tag, ranks of mpirun included."""
-    for _ in range(3):
-        pids = _tagged_pids(tag)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
+    process_reaping.kill_until_gone(
+        lambda: process_reaping.pids_with_environment_entry(TAG_VARIABLE, tag),
+        deadline_s=0.6, pause_s=0.2)
 
 
 def kill_all_started():

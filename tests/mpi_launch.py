@@ -17,6 +17,10 @@ import sys
 import time
 import uuid
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "tools"))
+import process_reaping  # noqa: E402
+
 TAG_VARIABLE = "TFRING_LAUNCH_TAG"
 
 
@@ -68,18 +72,7 @@ class LaunchResult:
 
 def _tagged_pids(tag):
     """Processes whose environment carries `tag` (this launch's processes)."""
-    needle = f"{TAG_VARIABLE}={tag}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:  # Gone already, or not ours to read.
-            continue
-    return pids
+    return process_reaping.pids_with_environment_entry(TAG_VARIABLE, tag)
 
 
 def _end_launch(process, tag, grace_seconds=10):
@@ -96,16 +89,8 @@ def _end_launch(process, tag, grace_seconds=10):
 
 
 def _kill_tagged(tag):
-    for _ in range(3):
-        pids = _tagged_pids(tag)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
+    process_reaping.kill_until_gone(lambda: _tagged_pids(tag), deadline_s=0.6,
+                                    pause_s=0.2)
 
 
 def launch(argv, num_ranks, timeout, env=None, cwd=None):

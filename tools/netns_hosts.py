@@ -32,7 +32,8 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
+
+import process_reaping  # tools/, next to this file
 
 # Every namespace made here is named "<PREFIX><owner pid>-<role>".
 PREFIX = "tfrnh"
@@ -119,20 +120,11 @@ def _end_processes_in(namespace, deadline_s=10.0):
     inode = _namespace_inode(namespace)
     if inode is None:
         return
-    deadline = time.monotonic() + deadline_s
-    while True:
-        pids = _pids_in_network_namespace(inode)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {pids} in network namespace "
-                               f"{namespace} did not end after SIGKILL")
-        time.sleep(0.05)
+    left = process_reaping.kill_until_gone(
+        lambda: _pids_in_network_namespace(inode), deadline_s, pause_s=0.05)
+    if left:
+        raise RuntimeError(f"processes {left} in network namespace "
+                           f"{namespace} did not end after SIGKILL")
 
 
 def _delete_namespace(namespace):
