@@ -170,30 +170,36 @@ def grouped_reducescatter(tensors, device_dense='',
                           compression=Compression.none,
                           op=collectives.Average,
                           process_set=global_process_set, *,
-                          prescale_factor=1.0, postscale_factor=1.0):
+                          prescale_factor=1.0, postscale_factor=1.0,
+                          name=None):
     """reducescatter() of a list of tensors, submitted and fused together.
 
     Same arguments as reducescatter() (applied to every tensor); dtypes may
-    differ between the tensors. Returns a list in the order of `tensors`.
+    differ between the tensors. Tensor i is named `<name>.<i>` when `name`
+    is given (tfring's addition: what tells apart groups that run at the
+    same time). Returns a list in the order of `tensors`.
     """
     api_name = "tfring.grouped_reducescatter()"
     _check_tensor_list(tensors, api_name, "tfring.reducescatter()")
     op, prescale_factor, postscale_factor, membership = (
         _check_reducescatter_args(op, prescale_factor, postscale_factor,
                                   process_set, api_name))
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{api_name} received name={name!r}. Expected a str "
+                        "or None.")
     if not tensors:
         return []
     tensors = [_prepare_reducescatter_input(t, api_name) for t in tensors]
 
     def body(group):
         with tf.device(device_dense):
-            return [_reducescatter_one(t, op, prescale_factor,
-                                       postscale_factor, compression, None,
-                                       membership)
-                    for t in group]
+            return [_reducescatter_one(
+                t, op, prescale_factor, postscale_factor, compression,
+                None if name is None else f"{name}.{i}", membership)
+                for i, t in enumerate(group)]
 
     key = ("reducescatter", op, prescale_factor, postscale_factor,
-           compression, device_dense, membership.key)
+           compression, device_dense, name, membership.key)
     return collectives.run_grouped(key, body, tensors)
 
 

@@ -18,6 +18,8 @@
 # expected block is computed here in NumPy from every rank's deterministic
 # input. Values are small integers, exact in every dtype.
 
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -337,6 +339,40 @@ def test_grouped_reducescatter_scale_factors_and_empty(rank, size):
             _assert_close(result, _scattered(
                 _reduced(shape, dtype, op, size, 2.0, 0.5), rank, size),
                 dtype, f"grouped {op} {dtype.name} scaled by 2.0 and 0.5")
+
+
+def test_grouped_reducescatter_named_groups_run_concurrently(rank, size):
+    # Two threads each submit a group at the same time; their names keep
+    # them apart (unnamed, both would be `body/reducescatter.0`).
+    inputs = {tag: [tf.fill([2 * size, 3], float(rank + scale)),
+                    tf.fill([size], float(10 * (rank + scale)))]
+              for tag, scale in (("first", 1), ("second", 2))}
+    results, errors = {}, []
+
+    def submit(tag):
+        try:
+            results[tag] = tfring.grouped_reducescatter(
+                inputs[tag], op=tfring.Sum, name=f"concurrent_{tag}")
+        except Exception as error:  # reported below, on this rank
+            errors.append(f"{tag}: {error}")
+
+    threads = [threading.Thread(target=submit, args=(tag,))
+               for tag in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    for tag, scale in (("first", 1), ("second", 2)):
+        total = sum(r + scale for r in range(size))
+        wide, narrow = results[tag]
+        np.testing.assert_array_equal(wide.numpy(), np.full([2, 3], total),
+                                      err_msg=tag)
+        np.testing.assert_array_equal(narrow.numpy(), np.full([1], 10 * total),
+                                      err_msg=tag)
+    with pytest.raises(TypeError, match=r"received name=3\. Expected a str "
+                                        r"or None"):
+        tfring.grouped_reducescatter([tf.ones([size])], name=3)
 
 
 def _gather_specs(rank, size):
