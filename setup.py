@@ -1,10 +1,12 @@
 """Build and install tfring.
 
-tfring has three native artefacts (see docs/layout.md):
+tfring has three native artefacts (see docs/layout.md), and on Linux a fourth
+that tfringrun preloads into mpirun:
 
   tfring/libtfring_core.so      cc/*.cc, links MPI           RUNPATH: the MPI libdir
   tfring/_core<EXT_SUFFIX>      tfring/_core_module.cc       RUNPATH: $ORIGIN
   tfring/ops/libtfring_ops.so   tfring/ops/kernels/*.cc      RUNPATH: $ORIGIN/..:$ORIGIN/../../tensorflow
+  tfring/libtfring_loopback_listeners.so  tfring/loopback_listeners.cc  (libc only)
 
 They are built by the `build_ext` command below with plain g++ rather than
 setuptools' Extension machinery, because setuptools compiles one file at a time,
@@ -54,6 +56,7 @@ ENV_JOBS = "TFRING_BUILD_JOBS"  # parallel compiles; default os.cpu_count()
 ENV_VERBOSE = "TFRING_BUILD_VERBOSE"  # 1: print every command line
 
 CXXFLAGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-Wall"]
+PRELOAD_NAME = "libtfring_loopback_listeners.so"
 CORE_SONAME = "libtfring_core.so"
 
 TF_HELP = (
@@ -474,6 +477,9 @@ class build_ext(_setuptools_build_ext):
         module_source = "tfring/_core_module.cc"
         have_module = (ROOT / module_source).is_file()
         kernel_sources = sources("tfring/ops/kernels/*.cc")
+        preload_source = "tfring/loopback_listeners.cc"
+        preload_jobs = [CompileJob(preload_source, common)] if (
+            (ROOT / preload_source).is_file() and sys.platform.startswith("linux")) else []
         if not core_sources:
             raise SetupError("no C++ sources in cc/: nothing to build the core from.")
 
@@ -501,7 +507,7 @@ class build_ext(_setuptools_build_ext):
         if not kernel_sources:
             log("skipping the op library: no tfring/ops/kernels/*.cc")
 
-        compiled = compile_all(core_jobs + module_jobs + kernel_jobs, workers)
+        compiled = compile_all(core_jobs + module_jobs + kernel_jobs + preload_jobs, workers)
 
         # 1. The core: MPI only. --no-undefined: every symbol must resolve now.
         core = stage / CORE_SONAME
@@ -546,6 +552,14 @@ class build_ext(_setuptools_build_ext):
                 f"-Wl,-rpath,{':'.join(ops_rpath)}"])
             check_core_imports(ops, core)
             outputs[ops] = dest_root / "tfring" / "ops" / "libtfring_ops.so"
+
+        # 4. What tfringrun preloads into mpirun for one-host jobs: libc only.
+        if preload_jobs:
+            preload = stage / PRELOAD_NAME
+            obj = preload_jobs[0].obj
+            linked |= link(preload, [obj], [
+                cxx, "-shared", "-o", str(preload), str(obj), "-Wl,--no-undefined", "-ldl"])
+            outputs[preload] = dest_root / "tfring" / PRELOAD_NAME
 
         for src, dst in outputs.items():
             install_file(src, dst)

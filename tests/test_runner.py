@@ -169,6 +169,29 @@ def test_several_hosts_run_in_fault_tolerant_mode(hosts, environ,
     assert _contains(cmd, ["--mca", "mpi_ft_enable", "1"]) == fault_tolerant
 
 
+@pytest.mark.parametrize("hosts, environ, library, preload", [
+    # One host: mpirun starts with the loopback library ahead of the
+    # user's own preloads.
+    ([], {}, "/pkg/libtfring_loopback_listeners.so",
+     "/pkg/libtfring_loopback_listeners.so"),
+    (["-H", "gpu7:4"], {"LD_PRELOAD": "/opt/libjemalloc.so"},
+     "/pkg/libtfring_loopback_listeners.so",
+     "/pkg/libtfring_loopback_listeners.so:/opt/libjemalloc.so"),
+    # Several hosts: other daemons must reach mpirun's channel.
+    (["-H", "a:2,b:2"], {"LD_PRELOAD": "/opt/libjemalloc.so"},
+     "/pkg/libtfring_loopback_listeners.so", "/opt/libjemalloc.so"),
+    # Not built (not Linux): nothing to preload.
+    ([], {}, None, None),
+])
+def test_one_host_jobs_keep_mpirun_on_loopback(hosts, environ, library,
+                                               preload):
+    args = runner.parse_args(["-np", "4"] + hosts + ["p"])
+    env = launch_command.launcher_environment(
+        args, dict(environ, HOME="/root"), library)
+    assert env.get("LD_PRELOAD") == preload
+    assert env["HOME"] == "/root"
+
+
 def test_network_interface_restricts_open_mpi_and_prrte():
     cmd = command(["-np", "4", "-H", "a:2,b:2", "--network-interface", "eth0",
                    "--network-interface", "ib0,10.1.0.0/16", "p"])

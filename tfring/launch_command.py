@@ -23,9 +23,12 @@
 #   on 127.0.0.1 for the local ranks, and PRRTE's daemon channel, bound to
 #   every address (IPv4 and IPv6, random ports) whatever the options say
 #   (oob_tcp_listener.c binds INADDR_ANY / in6addr_any, and loopback is
-#   dropped from the usable interfaces when there is another), so it cannot
-#   be kept on loopback even for a one-host job; `--network-interface`
-#   (prte_if_include) chooses the addresses it advertises and connects to.
+#   dropped from the usable interfaces when there is another);
+#   `--network-interface` (prte_if_include) chooses the addresses it
+#   advertises and connects to. In a one-host job no daemon connects to that
+#   channel, so tfringrun preloads libtfring_loopback_listeners.so into
+#   mpirun (tfring/loopback_listeners.cc), which turns prterun's wildcard
+#   binds into loopback ones: the job then listens on loopback only.
 
 import dataclasses
 import os
@@ -200,6 +203,19 @@ def network_options(args, environ):
         options += ["--mca", "btl_tcp_if_include", interfaces,
                     "--prtemca", "prte_if_include", interfaces]
     return options
+
+
+def launcher_environment(args, environ, loopback_library):
+    """The environment mpirun runs in: `environ`, plus, for a one-host job,
+    `loopback_library` (the path of libtfring_loopback_listeners.so, or None
+    where it was not built) ahead of any LD_PRELOAD of the user's. The
+    library takes itself out of LD_PRELOAD in prterun, so the ranks do not
+    inherit it."""
+    env = dict(environ)
+    if loopback_library and ranks_share_one_host(args):
+        env["LD_PRELOAD"] = ":".join(
+            [loopback_library] + [p for p in [environ.get("LD_PRELOAD")] if p])
+    return env
 
 
 def forwarded_environment(args, environ):
