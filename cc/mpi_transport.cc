@@ -24,7 +24,6 @@ std::string MpiErrorText(int code) {
   return std::string(text, length);
 }
 
-// For failures before a transport exists (communicator set-up at init).
 Status MpiError(int code, const std::string& what) {
   return Status::Aborted(what + " failed: " + MpiErrorText(code) +
                          " (another rank may have exited or lost its connection)");
@@ -123,8 +122,9 @@ Status IntCountsAndOffsets(const std::vector<int64_t>& sizes, const char* what,
 Status SplitByHost(MPI_Comm comm, MPI_Comm* local, MPI_Comm* cross) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  TFRING_MPI_SETUP_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, local),
-                  "MPI_Comm_split_type");
+  TFRING_MPI_SETUP_CALL(
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, local),
+      "MPI_Comm_split_type");
   int local_rank = 0;
   MPI_Comm_rank(*local, &local_rank);
   TFRING_MPI_SETUP_CALL(MPI_Comm_split(comm, local_rank, rank, cross), "MPI_Comm_split");
@@ -173,7 +173,7 @@ Status MpiTransport::CreateSubset(MPI_Comm comm, const std::vector<int>& ranks,
   const bool member = std::binary_search(ranks.begin(), ranks.end(), rank);
   MPI_Comm subset = MPI_COMM_NULL;
   TFRING_MPI_SETUP_CALL(MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &subset),
-                  "MPI_Comm_split (process set)");
+                        "MPI_Comm_split (process set)");
   transport->reset();
   if (subset == MPI_COMM_NULL) return Status::OK();
   Status created = Create(subset, transport, comm);  // its own duplicate
