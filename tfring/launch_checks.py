@@ -100,7 +100,7 @@ def _descendants(pid):
     return found
 
 
-def run_job(command, timeout):
+def run_job(command, timeout, env=None):
     """Runs an mpirun command, capturing its output, for at most `timeout`
     seconds. Past that it stops mpirun (which stops its ranks) and then
     kills whatever of the job is left: mpirun starts each rank in a process
@@ -112,7 +112,7 @@ def run_job(command, timeout):
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace",
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         output, _ = proc.communicate(timeout=timeout)
         returncode = proc.returncode
@@ -332,7 +332,10 @@ def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
                                                 cpu_count)
         if args.verbose:
             print(f"  running: {shlex.join(command)}", file=out, flush=True)
-        result = run_job(command, args.start_timeout)
+        # Started as tfringrun starts a job (mpirun's listeners on loopback).
+        env = launch_command.launcher_environment(
+            job, environ, launch_command.installed_loopback_library())
+        result = run_job(command, args.start_timeout, env=env)
         found(*job_findings(result, args.start_timeout, launcher_text,
                             mpirun))
     problems = [f for f in findings if f.problem]

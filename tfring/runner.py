@@ -164,14 +164,6 @@ def _prepare_output_directory(path):
             f"Choose another path or fix its permissions.")
 
 
-def _loopback_library():
-    """libtfring_loopback_listeners.so next to this package, or None where
-    it was not built (not Linux)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        "libtfring_loopback_listeners.so")
-    return path if os.path.isfile(path) else None
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -195,8 +187,8 @@ def main(argv=None):
     command = launch_command.mpirun_command(args, *facts)
     if args.verbose:
         print(shlex.join(command), file=sys.stderr, flush=True)
-    env = launch_command.launcher_environment(args, os.environ,
-                                              _loopback_library())
+    env = launch_command.launcher_environment(
+        args, os.environ, launch_command.installed_loopback_library())
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], command, env)
