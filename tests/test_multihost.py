@@ -12,6 +12,7 @@
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import mpi_launch
+from test_launch_exposure import _SOCKET_TABLES, _address
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -222,6 +224,97 @@ def test_without_fault_tolerant_mode_the_job_still_ends(hosts):
         hosts, extra_env={"OMPI_MCA_mpi_ft_enable": "0"})
     assert (_PRRTE_NAMES_KILLED_RANK.search(result.output)
             or _SURVIVOR_LOST_SOCKET.search(result.output)), result.describe()
+
+
+def _listeners_on(host):
+    """{(program, pid): [(address, port)]}: the TCP sockets listening in
+    `host`'s network namespace, by the process holding them."""
+    netns = f"/proc/{host.holder.pid}/ns/net"
+    listening = {}
+    for protocol, path, state in _SOCKET_TABLES:
+        if not protocol.startswith("tcp"):
+            continue
+        try:
+            with open(path.replace("/proc/", f"/proc/{host.holder.pid}/")) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == state:
+                listening[fields[9]] = _address(fields[1])
+    inode = os.stat(netns).st_ino
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino != inode:
+                continue
+            with open(f"/proc/{entry}/comm") as f:
+                program = f.read().strip()
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
+                if target.startswith("socket:[") and target[8:-1] in listening:
+                    found.setdefault((program, int(entry)), []).append(
+                        listening[target[8:-1]])
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def test_with_a_network_interface_the_job_listens_only_on_it(hosts,
+                                                             tmp_path):
+    # Open MPI and PRRTE bind their listeners to every address; tfringrun
+    # preloads libtfring_loopback_listeners.so into mpirun, the daemons on
+    # the other hosts and the ranks, which keeps Open MPI's own listeners
+    # on the chosen interface (or loopback). A server the user's script
+    # opens still listens where it asks (0.0.0.0 here).
+    release = tmp_path / "release"
+    script = REPO / "tests" / "job_scripts" / "waiting_job.py"
+    argv = [sys.executable, "-m", "tfring.runner", "-np", "4",
+            "-H", "hostA:2,hostB:2", "--network-interface",
+            str(netns_hosts.SUBNET), sys.executable, str(script),
+            str(release), "--user-server"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+               **hosts.mpi_env())
+    job = subprocess.Popen(hosts[0].enter(argv, cwd=REPO), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, errors="replace")
+    lines = []
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while sum(line.startswith("ready rank") for line in lines) < 4:
+            line = job.stdout.readline()
+            assert line and time.monotonic() < deadline, "\n".join(lines)
+            lines.append(line.rstrip("\n"))
+        listeners = {host.name: _listeners_on(host) for host in hosts.hosts}
+    finally:
+        release.touch()
+        try:
+            lines += job.communicate(timeout=120)[0].splitlines()
+        except subprocess.TimeoutExpired:
+            job.kill()
+            lines += job.communicate()[0].splitlines()
+    output = "\n".join(lines)
+    assert job.returncode == 0, output
+    user_ports = {int(port) for port in re.findall(
+        r"^user server rank \d port (\d+)$", output, re.MULTILINE)}
+    assert len(user_ports) >= 2, output
+    for host in hosts.hosts:
+        on_interface = 0
+        for (program, pid), sockets in listeners[host.name].items():
+            for address, port in sockets:
+                if port in user_ports and program.startswith("python"):
+                    assert address == "0.0.0.0", (host.name, program, port)
+                    continue
+                assert address in (host.address, "127.0.0.1", "::1"), (
+                    f"{program} (pid {pid}) on {host.name} listens on "
+                    f"{address}:{port}; expected {host.address} or "
+                    f"loopback\n{listeners}")
+                on_interface += address == host.address
+        # The daemon and each rank's TCP transport: the listing sees them.
+        assert on_interface >= 3, (host.name, listeners[host.name])
 
 
 def test_a_job_past_its_timeout_leaves_nothing_on_any_host(hosts):

@@ -177,9 +177,13 @@ def test_several_hosts_run_in_fault_tolerant_mode(hosts, environ,
     (["-H", "gpu7:4"], {"LD_PRELOAD": "/opt/libjemalloc.so"},
      "/pkg/libtfring_loopback_listeners.so",
      "/pkg/libtfring_loopback_listeners.so:/opt/libjemalloc.so"),
-    # Several hosts: other daemons must reach mpirun's channel.
+    # Several hosts: other daemons must reach mpirun's channel; held to
+    # the interfaces only when they are named.
     (["-H", "a:2,b:2"], {"LD_PRELOAD": "/opt/libjemalloc.so"},
      "/pkg/libtfring_loopback_listeners.so", "/opt/libjemalloc.so"),
+    (["-H", "a:2,b:2", "--network-interface", "eth1"], {},
+     "/pkg/libtfring_loopback_listeners.so",
+     "/pkg/libtfring_loopback_listeners.so"),
     # Not built (not Linux): nothing to preload.
     ([], {}, None, None),
 ])
@@ -190,6 +194,37 @@ def test_one_host_jobs_keep_mpirun_on_loopback(hosts, environ, library,
         args, dict(environ, HOME="/root"), library)
     assert env.get("LD_PRELOAD") == preload
     assert env["HOME"] == "/root"
+    assert env.get("TFRING_LISTEN_ON") == (
+        "eth1" if "--network-interface" in hosts else None)
+
+
+def test_named_interfaces_hold_every_listener_of_a_multi_host_job():
+    library = "/pkg/libtfring_loopback_listeners.so"
+    argv = ["-np", "4", "-H", "a:2,b:2", "--network-interface",
+            "eth1,10.1.0.0/16", "p"]
+    cmd = launch_command.mpirun_command(
+        runner.parse_args(argv), "/opt/mpi/bin/mpirun",
+        {"LD_PRELOAD": "/opt/libjemalloc.so"}, 1000, 8, library)
+    preload = f"{library}:/opt/libjemalloc.so"
+    # The daemons on the other hosts start with it ...
+    assert _contains(cmd, [
+        "--prtemca", "prte_launch_agent",
+        f"env LD_PRELOAD={preload} TFRING_LISTEN_ON=eth1,10.1.0.0/16 "
+        "/opt/mpi/bin/prted"])
+    # ... and so do the ranks (it acts only on Open MPI's own binds there).
+    assert _contains(cmd, ["-x", f"LD_PRELOAD={preload}"])
+    assert _contains(cmd, ["-x", "TFRING_LISTEN_ON=eth1,10.1.0.0/16"])
+    assert cmd[-1] == "p"
+    # Without named interfaces, one host, or the library: nothing of it.
+    for other, lib in ((["-np", "4", "-H", "a:2,b:2", "p"], library),
+                       (["-np", "4", "--network-interface", "eth1", "p"],
+                        library),
+                       (argv, None)):
+        cmd = launch_command.mpirun_command(
+            runner.parse_args(other), "/opt/mpi/bin/mpirun", {}, 1000, 8, lib)
+        assert "prte_launch_agent" not in cmd
+        assert not any(word.startswith(("LD_PRELOAD", "TFRING_LISTEN_ON"))
+                       for word in cmd)
 
 
 def test_network_interface_restricts_open_mpi_and_prrte():

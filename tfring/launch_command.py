@@ -25,10 +25,14 @@
 #   (oob_tcp_listener.c binds INADDR_ANY / in6addr_any, and loopback is
 #   dropped from the usable interfaces when there is another);
 #   `--network-interface` (prte_if_include) chooses the addresses it
-#   advertises and connects to. In a one-host job no daemon connects to that
-#   channel, so tfringrun preloads libtfring_loopback_listeners.so into
-#   mpirun (tfring/loopback_listeners.cc), which turns prterun's wildcard
-#   binds into loopback ones: the job then listens on loopback only.
+#   advertises and connects to.
+# So tfringrun preloads libtfring_loopback_listeners.so
+# (tfring/loopback_listeners.cc), which turns those wildcard binds into
+# binds to the job's addresses: in a one-host job into prterun, to
+# loopback (no daemon ever connects to its channel there); with several
+# hosts and --network-interface into prterun, the remote prted (through
+# PRRTE's launch agent) and the ranks (only Open MPI's own binds there), to
+# the named interfaces.
 
 import dataclasses
 import os
@@ -56,6 +60,10 @@ ONE_HOST_TRANSPORT = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
 # environment (0 to turn it off) takes precedence.
 FAULT_TOLERANT_MPI = ["--mca", "mpi_ft_enable", "1"]
 _FAULT_TOLERANCE_VARIABLE = "OMPI_MCA_mpi_ft_enable"
+
+# What the library that holds listeners to the job's addresses reads: the
+# interfaces (names or CIDR subnets), as --network-interface gives them.
+LISTEN_ON_VARIABLE = "TFRING_LISTEN_ON"
 
 # Per-rank output files: Open MPI 5 writes rank N's output to
 # <DIR>/rank.<job id>.<N>.out and .err (`--output file=PREFIX`; the older
@@ -213,17 +221,53 @@ def installed_loopback_library():
     return path if os.path.isfile(path) else None
 
 
+def _preload(loopback_library, environ):
+    """LD_PRELOAD with the library ahead of the user's own preloads."""
+    return ":".join([loopback_library] +
+                    [p for p in [environ.get("LD_PRELOAD")] if p])
+
+
+def _keeps_listeners_on_interfaces(args, loopback_library):
+    """Whether the job's listeners are held to --network-interface: several
+    hosts, interfaces named, the library built."""
+    return bool(loopback_library and args.network_interfaces
+                and not ranks_share_one_host(args))
+
+
 def launcher_environment(args, environ, loopback_library):
-    """The environment mpirun runs in: `environ`, plus, for a one-host job,
-    `loopback_library` (the path of libtfring_loopback_listeners.so, or None
-    where it was not built) ahead of any LD_PRELOAD of the user's. The
-    library takes itself out of LD_PRELOAD in prterun, so the ranks do not
-    inherit it."""
+    """The environment mpirun runs in: `environ`, plus the library that
+    keeps mpirun's listeners on the job's addresses (`loopback_library`:
+    the path of libtfring_loopback_listeners.so, or None where it was not
+    built) ahead of any LD_PRELOAD of the user's: for a one-host job, on
+    loopback; for several hosts with --network-interface, on those
+    interfaces (LISTEN_ON_VARIABLE). The library takes itself out of
+    LD_PRELOAD in prterun, so the ranks inherit it only where
+    listener_options forwards it."""
     env = dict(environ)
     if loopback_library and ranks_share_one_host(args):
-        env["LD_PRELOAD"] = ":".join(
-            [loopback_library] + [p for p in [environ.get("LD_PRELOAD")] if p])
+        env["LD_PRELOAD"] = _preload(loopback_library, environ)
+    elif _keeps_listeners_on_interfaces(args, loopback_library):
+        env["LD_PRELOAD"] = _preload(loopback_library, environ)
+        env[LISTEN_ON_VARIABLE] = ",".join(args.network_interfaces)
     return env
+
+
+def listener_options(args, mpirun, environ, loopback_library):
+    """For several hosts with --network-interface: mpirun options that
+    start the PRRTE daemons on the other hosts, and the ranks, with the
+    library too, so that they listen only on those interfaces (see
+    tfring/loopback_listeners.cc). The daemon is prted next to mpirun, as
+    every host has the same installation at the same path."""
+    if not _keeps_listeners_on_interfaces(args, loopback_library):
+        return []
+    preload = _preload(loopback_library, environ)
+    spec = ",".join(args.network_interfaces)
+    prted = os.path.join(os.path.dirname(mpirun), "prted")
+    if any(any(c.isspace() for c in text) for text in (preload, prted)):
+        return []  # PRRTE splits the launch agent at spaces
+    return ["--prtemca", "prte_launch_agent",
+            f"env LD_PRELOAD={preload} {LISTEN_ON_VARIABLE}={spec} {prted}",
+            "-x", f"LD_PRELOAD={preload}", "-x", f"{LISTEN_ON_VARIABLE}={spec}"]
 
 
 def forwarded_environment(args, environ):
@@ -240,7 +284,8 @@ def forwarded_environment(args, environ):
     return options
 
 
-def mpirun_command(args, mpirun, environ, euid, cpu_count):
+def mpirun_command(args, mpirun, environ, euid, cpu_count,
+                   loopback_library=None):
     """Builds the full mpirun command line for parsed `args`.
 
     A pure function of its inputs so it can be tested without MPI."""
@@ -257,6 +302,7 @@ def mpirun_command(args, mpirun, environ, euid, cpu_count):
     # core would squeeze them all onto it.
     command += ["--bind-to", "none"]
     command += network_options(args, environ)
+    command += listener_options(args, mpirun, environ, loopback_library)
     if args.output_filename is not None:
         command += ["--output", "file=" + os.path.join(
             args.output_filename, OUTPUT_FILE_PREFIX)]

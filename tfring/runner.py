@@ -184,11 +184,11 @@ def main(argv=None):
         return 1
     if not args.command:
         return 0
-    command = launch_command.mpirun_command(args, *facts)
+    library = launch_command.installed_loopback_library()
+    command = launch_command.mpirun_command(args, *facts, library)
     if args.verbose:
         print(shlex.join(command), file=sys.stderr, flush=True)
-    env = launch_command.launcher_environment(
-        args, os.environ, launch_command.installed_loopback_library())
+    env = launch_command.launcher_environment(args, os.environ, library)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], command, env)

@@ -6,9 +6,14 @@ Each rank starts tfring, checks one Sum allreduce, prints
 `ready rank R pid P shm S`, then waits for the file RELEASE to appear (at
 most 300 s), checks a second allreduce and prints `done rank R`.
 
-Usage: waiting_job.py RELEASE
+With --user-server each rank also opens a TCP socket of its own, listening
+on every address (0.0.0.0, a port the OS picks), as a script's own server
+would, and prints `user server rank R port P`.
+
+Usage: waiting_job.py RELEASE [--user-server]
 """
 import os
+import socket
 import sys
 import time
 
@@ -29,6 +34,12 @@ def checked_sum(name):
 
 tfring.init()
 checked_sum("before")
+if "--user-server" in sys.argv[2:]:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    print(f"user server rank {tfring.rank()} port "
+          f"{server.getsockname()[1]}", flush=True)
 print(f"ready rank {tfring.rank()} pid {os.getpid()} "
       f"shm {tfring.shm_enabled()}", flush=True)
 release, deadline = sys.argv[1], time.monotonic() + 300
