@@ -17,11 +17,25 @@ import sys
 import time
 import uuid
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "tools"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
 import process_reaping  # noqa: E402
 
 TAG_VARIABLE = "TFRING_LAUNCH_TAG"
+
+
+def working_tree_env(quiet_tensorflow=False, **extra):
+    """This process's environment with this working tree first on
+    PYTHONPATH, so a test runs the tree and not an installed copy; with
+    `quiet_tensorflow`, TensorFlow's C++ logging at warnings and above
+    unless TF_CPP_MIN_LOG_LEVEL is set already; then `extra`."""
+    env = dict(os.environ)
+    if quiet_tensorflow:
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.update(extra)
+    return env
 
 
 def mpirun_path():

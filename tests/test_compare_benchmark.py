@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import mpi_launch
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "compare.py")
 TIMEOUT_SECONDS = 240  # about 50 s on 2 idle cores
@@ -23,22 +25,14 @@ EXPECTED_ROWS = {
 }
 
 
-def _env():
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # Test this working tree, not an installed copy.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
 def test_quick_subset_prints_every_row_with_positive_numbers(tmp_path):
     out = tmp_path / "compare.json"
     argv = [sys.executable, SCRIPT, "--quick", "--cases", "4KiB,cnn-fit",
             "--modes", "mpi,tfring,mwms-auto", "--json", str(out),
             "--show-failures"]
-    result = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True,
-                            text=True, timeout=TIMEOUT_SECONDS)
+    result = subprocess.run(
+        argv, cwd=REPO, env=mpi_launch.working_tree_env(quiet_tensorflow=True),
+        capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
 

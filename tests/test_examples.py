@@ -1,7 +1,6 @@
 # Runs each example in keras_examples/ for a few steps at 2 ranks, as CI
 # does, so an API change that breaks them shows up here.
 
-import os
 import pathlib
 import sys
 
@@ -12,22 +11,14 @@ EXAMPLES = REPO / "keras_examples"
 TIMEOUT_SECONDS = 300
 
 
-def _env():
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # Test this working tree, not an installed copy.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
 def test_synthetic_benchmark_at_two_ranks():
     script = EXAMPLES / "tensorflow2_synthetic_benchmark.py"
     argv = [sys.executable, str(script),
             "--steps", "3", "--warmup-steps", "2", "--batch-size", "16",
             "--intra-op-threads", "1"]
-    result = mpi_launch.launch(argv, 2, TIMEOUT_SECONDS, env=_env(),
-                               cwd=str(REPO))
+    result = mpi_launch.launch(
+        argv, 2, TIMEOUT_SECONDS,
+        env=mpi_launch.working_tree_env(quiet_tensorflow=True), cwd=str(REPO))
     assert result.returncode == 0 and not result.timed_out, result.describe()
     assert "Total img/sec on 2 ranks:" in result.output, result.describe()
     assert "Rank 1:" in result.output, result.describe()
@@ -39,8 +30,9 @@ def test_keras_digits_at_two_ranks(tmp_path):
     script = EXAMPLES / "keras_digits.py"
     argv = [sys.executable, str(script), "--epochs", "3", "--steps", "20",
             "--checkpoint-dir", str(tmp_path)]
-    result = mpi_launch.launch(argv, 2, TIMEOUT_SECONDS, env=_env(),
-                               cwd=str(REPO))
+    result = mpi_launch.launch(
+        argv, 2, TIMEOUT_SECONDS,
+        env=mpi_launch.working_tree_env(quiet_tensorflow=True), cwd=str(REPO))
     assert result.returncode == 0 and not result.timed_out, result.describe()
     lines = [line for line in result.output.splitlines()
              if line.startswith("Final validation accuracy:")]
@@ -59,8 +51,9 @@ def test_keras_synthetic_benchmark_at_two_ranks():
     argv = [sys.executable, str(script), "--epochs", "2", "--steps", "4",
             "--warmup-steps", "3", "--batch-size", "16",
             "--intra-op-threads", "1"]
-    result = mpi_launch.launch(argv, 2, TIMEOUT_SECONDS, env=_env(),
-                               cwd=str(REPO))
+    result = mpi_launch.launch(
+        argv, 2, TIMEOUT_SECONDS,
+        env=mpi_launch.working_tree_env(quiet_tensorflow=True), cwd=str(REPO))
     assert result.returncode == 0 and not result.timed_out, result.describe()
     assert "5 timed steps after 3 warm-up steps" in result.output, (
         result.describe())

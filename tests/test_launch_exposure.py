@@ -168,13 +168,6 @@ class _Job:
         mpi_launch._kill_tagged(self.tag)
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
 @pytest.fixture(scope="module")
 def tfringrun_job(tmp_path_factory):
     """A 2-rank tfringrun job: its exit status, its output, and, read while
@@ -182,7 +175,7 @@ def tfringrun_job(tmp_path_factory):
     release = tmp_path_factory.mktemp("exposure") / "release"
     job = _Job([sys.executable, "-m", "tfring.runner", "--verbose",
                 "-np", "2", sys.executable, WAITING_JOB, str(release)],
-               _env())
+               mpi_launch.working_tree_env())
     try:
         job.wait_for_lines("ready rank", 2, START_SECONDS)
         listeners = job.listeners()
@@ -248,7 +241,8 @@ def test_the_ranks_do_not_inherit_the_preloaded_library(tfringrun_job):
     # mpirun itself was started with it (its environment says so) ...
     assert any("LD_PRELOAD=" in environs[pid] and
                "libtfring_loopback_listeners" in environs[pid]
-               for pid in launcher), {pid: listeners[pid][0] for pid in launcher}
+               for pid in launcher), {pid: listeners[pid][0]
+                                      for pid in launcher}
     # ... and the ranks were not.
     for pid in _ranks(listeners):
         assert environs[pid], f"rank {pid}: environment not read"
@@ -270,7 +264,8 @@ def test_plain_mpirun_ranks_do_listen_on_every_address(tmp_path):
               "    time.sleep(0.1)\n"
               "c.Barrier()\n")
     job = _Job(mpi_launch.mpirun_command(
-        2, [sys.executable, "-c", script, str(release)]), _env())
+        2, [sys.executable, "-c", script, str(release)]),
+        mpi_launch.working_tree_env())
     try:
         job.wait_for_lines("ready rank", 2, START_SECONDS)
         listeners = job.listeners()

@@ -16,6 +16,8 @@ from tfring import launch_command
 from tfring import launch_knobs
 from tfring import runner
 
+import mpi_launch
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -457,17 +459,11 @@ def _run(argv, env, timeout=300, cwd=None):
     return proc.returncode, out, err
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.update(extra)
-    return env
-
-
 def test_missing_mpirun_exits_with_the_message(tmp_path):
     rc, _, err = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
-                       "true"], _env(TFRING_MPIRUN=str(tmp_path / "nope")))
+                       "true"],
+                      mpi_launch.working_tree_env(
+                          TFRING_MPIRUN=str(tmp_path / "nope")))
     assert rc == 127
     assert "tfringrun: error: TFRING_MPIRUN is set to" in err
 
@@ -478,7 +474,8 @@ def test_real_two_rank_run():
               "print(f'rank {c.Get_rank()} of {c.Get_size()}', flush=True)")
     rc, out, err = _run(
         [sys.executable, "-m", "tfring.runner", "--verbose", "-np", "2",
-         sys.executable, "-c", script], _env(TFRING_TEST_MARK="1"))
+         sys.executable, "-c", script],
+        mpi_launch.working_tree_env(TFRING_TEST_MARK="1"))
     assert rc == 0, err
     ranks = sorted(line for line in out.splitlines()
                    if line.startswith("rank "))
@@ -488,7 +485,8 @@ def test_real_two_rank_run():
 
 def test_exit_status_passes_through():
     rc, _, _ = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
-                     sys.executable, "-c", "raise SystemExit(3)"], _env())
+                     sys.executable, "-c", "raise SystemExit(3)"],
+                    mpi_launch.working_tree_env())
     assert rc == 3
 
 
@@ -504,7 +502,7 @@ def test_flags_reach_every_rank(tmp_path):
         [sys.executable, "-m", "tfring.runner", "-np", "2",
          "--timeline-filename", "t.json", "--fusion-threshold-mb", "1",
          sys.executable, "-c", _PRINT_RANK_ENV],
-        _env(TFRING_CYCLE_TIME="7"), cwd=tmp_path)
+        mpi_launch.working_tree_env(TFRING_CYCLE_TIME="7"), cwd=tmp_path)
     assert rc == 0, err
     timeline = str(tmp_path / "t.json")
     assert sorted(out.split("\n")[:-1]) == [
@@ -518,7 +516,7 @@ def test_output_filename_writes_each_ranks_output_to_files(tmp_path):
     rc, out, err = _run(
         [sys.executable, "-m", "tfring.runner", "-np", "2",
          "--output-filename", str(logs), sys.executable, "-c", script],
-        _env())
+        mpi_launch.working_tree_env())
     assert rc == 0, err
     assert "out of" not in out and "err of" not in err
     files = sorted(os.listdir(logs))
@@ -536,7 +534,7 @@ def test_output_filename_that_cannot_be_a_directory_is_an_error(tmp_path):
     blocker.write_text("")
     rc, _, err = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
                        "--output-filename", str(blocker / "logs"), "true"],
-                      _env())
+                      mpi_launch.working_tree_env())
     assert rc == 1
     assert (f"tfringrun: error: --output-filename {blocker}/logs: cannot "
             f"create the directory (Not a directory). Expected a directory "

@@ -9,7 +9,6 @@
 # steps; the full 2,000-step run's warm-up is 500 (README, "Soak").
 
 import json
-import os
 import pathlib
 import re
 import sys
@@ -30,21 +29,13 @@ DTYPES = {"uint8", "int8", "uint16", "int16", "int32", "int64", "float16",
           "bfloat16", "float32", "float64", "bool"}
 
 
-def _env():
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # Test this working tree, not an installed copy.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
 def _run(tmp_path, *args):
     report_path = tmp_path / "soak.json"
     argv = [sys.executable, str(SCRIPT), "--step-timeout", STEP_TIMEOUT,
             "--json", str(report_path), *args]
-    result = mpi_launch.launch(argv, RANKS, TIMEOUT_SECONDS, env=_env(),
-                               cwd=str(REPO))
+    result = mpi_launch.launch(
+        argv, RANKS, TIMEOUT_SECONDS,
+        env=mpi_launch.working_tree_env(quiet_tensorflow=True), cwd=str(REPO))
     assert not result.timed_out, result.describe()
     assert report_path.is_file(), result.describe()
     return result, json.loads(report_path.read_text())
