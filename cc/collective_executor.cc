@@ -138,7 +138,8 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
   for (const FusionCandidate& candidate : candidates) {
     candidate_bytes[candidate.index] = candidate.bytes;
   }
-  for (const Batch& batch : PlanBatches(candidates, fusion_threshold_, direct_threshold_)) {
+  for (const Batch& batch : PlanBatches(candidates, fusion_threshold_, direct_threshold_,
+                                        transport_->ReducesSpans())) {
     BatchPhases phases;
     if (trace != nullptr) {
       phases.Mark(OpPhase::kQueue);
@@ -156,7 +157,9 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
     phases_ = nullptr;
     if (trace != nullptr) {
       phases.Mark(OpPhase::kCallback);
-      TraceBatch(*trace, batch.members, entries, response_of_entry, batch.fused, batch_bytes,
+      // Several tensors in one spans call count as fused: one collective.
+      const bool fused = batch.fused || (batch.spans && batch.members.size() > 1);
+      TraceBatch(*trace, batch.members, entries, response_of_entry, fused, batch_bytes,
                  phases, status);
     }
   }
@@ -281,11 +284,11 @@ Status CollectiveExecutor::RunBatch(const Batch& batch, std::vector<TensorEntry>
   TensorEntry& entry = entries[first];
   switch (entry.request.type) {
     case CollectiveType::kAllreduce:
-      if (!batch.fused) return RunDirectAllreduce(entry);
+      if (!batch.fused && !batch.spans) return RunDirectAllreduce(entry);
       {
         std::vector<TensorEntry*> members;
         for (size_t index : batch.members) members.push_back(&entries[index]);
-        return RunFusedAllreduce(members);
+        return batch.spans ? RunSpansAllreduce(members) : RunFusedAllreduce(members);
       }
     case CollectiveType::kAllgather:
       return batch.fused ? RunFusedAllgather(batch.members, entries)
@@ -305,11 +308,13 @@ Status CollectiveExecutor::RunBatch(const Batch& batch, std::vector<TensorEntry>
   return Status::Internal("unknown collective type");
 }
 
+int64_t CollectiveExecutor::Divisor(const TensorEntry& entry) {
+  return entry.request.reduce_op == ReduceOp::kAverage ? entry.contributors : 1;
+}
+
 void CollectiveExecutor::FinishReduction(const TensorEntry& entry, const void* src, void* dst,
                                          int64_t count) const {
-  const Request& request = entry.request;
-  const int64_t divisor = request.reduce_op == ReduceOp::kAverage ? entry.contributors : 1;
-  ScaleCopy(request.dtype, src, dst, count, request.postscale_factor, divisor);
+  ScaleCopy(entry.request.dtype, src, dst, count, entry.request.postscale_factor, Divisor(entry));
 }
 
 TensorEntry CollectiveExecutor::JoinedStandIn(const Response& response) {
@@ -327,11 +332,7 @@ TensorEntry CollectiveExecutor::JoinedStandIn(const Response& response) {
 Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& members) {
   const Request& first = members[0]->request;
   const int64_t element_size = DataTypeSize(first.dtype);
-  int64_t batch_bytes = 0;
-  for (const TensorEntry* entry : members) batch_bytes += FusionFootprint(ByteSize(entry->request));
-  // Packed straight into the transport's shared buffer where it has one.
-  uint8_t* buffer = static_cast<uint8_t*>(transport_->StagingBuffer(batch_bytes));
-  if (buffer == nullptr) buffer = fusion_buffer_.get();
+  uint8_t* buffer = fusion_buffer_.get();
 
   // Pack: each member at an aligned offset; the padding is zeroed so that no
   // uninitialised byte enters the reduction.
@@ -355,6 +356,33 @@ Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& me
     offset += FusionFootprint(ByteSize(entry->request));
   }
   MarkPhase(OpPhase::kCopyOut);
+  return Status::OK();
+}
+
+Status CollectiveExecutor::RunSpansAllreduce(const std::vector<TensorEntry*>& members) {
+  const Request& first = members[0]->request;
+  std::vector<ReduceSpan> spans;
+  spans.reserve(members.size());
+  bool prescaled = false;
+  for (TensorEntry* entry : members) {
+    const Request& request = entry->request;
+    ReduceSpan span;
+    span.input = entry->buffers.input;
+    span.output = entry->buffers.output;
+    span.count = NumElements(request.shape);
+    span.factor = request.postscale_factor;
+    span.divisor = Divisor(*entry);
+    if (request.prescale_factor != 1.0) {
+      ScaleCopy(request.dtype, span.input, span.output, span.count, request.prescale_factor);
+      span.input = span.output;
+      prescaled = true;
+    }
+    spans.push_back(span);
+  }
+  if (prescaled) MarkPhase(OpPhase::kCopyIn);
+  TFRING_RETURN_IF_ERROR(
+      transport_->AllreduceSpans(spans, first.dtype, TransportOp(first.reduce_op)));
+  MarkPhase(OpPhase::kCommunicate);
   return Status::OK();
 }
 

@@ -11,7 +11,9 @@
 //  3. Run: a fused batch is packed into the persistent fusion buffer
 //     (applying prescale), moved by one collective, and unpacked (applying
 //     postscale and the division of Average); a batch of one tensor uses
-//     the framework's buffers as they are.
+//     the framework's buffers as they are. Where the transport reduces
+//     spans (shared memory), a round's allreduces of one dtype and op are
+//     one batch reduced from the framework's buffers, scaled on the way.
 //
 // Failures come in two kinds, told apart by their status code:
 //  - a transport failure (kAborted): the ranks can no longer be assumed to
@@ -95,6 +97,9 @@ class CollectiveExecutor {
   Status RunBatchCatching(const Batch& batch, std::vector<TensorEntry>& entries);
   Status RunFusedAllreduce(const std::vector<TensorEntry*>& members);
   Status RunDirectAllreduce(TensorEntry& entry);
+  // The members reduced from their own buffers in one collective, scaled on
+  // the way (transports that ReducesSpans()).
+  Status RunSpansAllreduce(const std::vector<TensorEntry*>& members);
   Status RunFusedAllgather(const std::vector<size_t>& members, std::vector<TensorEntry>& entries);
   Status RunDirectAllgather(size_t index, TensorEntry& entry);
   Status RunFusedReducescatter(const std::vector<size_t>& members,
@@ -109,6 +114,9 @@ class CollectiveExecutor {
   // failed). The returned status is the transport's.
   Status AgreeOnLocalFailures(const std::vector<std::string>& whats,
                               const std::vector<Status>& local, std::vector<Status>* agreed);
+  // What `entry`'s reduced sum is divided by: the contributing ranks for
+  // Average, else 1.
+  static int64_t Divisor(const TensorEntry& entry);
   // Writes `count` reduced elements of `entry` from `src` to `dst`:
   // postscale, then division by the contributing ranks for Average.
   void FinishReduction(const TensorEntry& entry, const void* src, void* dst, int64_t count) const;

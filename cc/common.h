@@ -98,6 +98,18 @@ struct Request {
   int32_t process_set_id = 0;
 };
 
+// One tensor of a multi-tensor allreduce (Transport::AllreduceSpans):
+// `count` elements reduced from `input` into `output` (the same buffer, or
+// buffers that overlap no other span's), the result then multiplied by
+// factor / divisor as ScaleCopy does (reduce_kernels.h).
+struct ReduceSpan {
+  const void* input = nullptr;
+  void* output = nullptr;
+  int64_t count = 0;
+  double factor = 1.0;
+  int64_t divisor = 1;
+};
+
 // A request and the moment the framework handed it to the core: the stall
 // check and the timeline's readiness marks count from there.
 struct SubmittedRequest {

@@ -32,7 +32,8 @@ constexpr int64_t kHierarchicalAuto = 2;
     "into it up to this size. 0 disables fusion.")                             \
   X(double, cycle_time_ms, "TFRING_CYCLE_TIME", 1.0, kProcess,                            \
     "Milliseconds between negotiation rounds when no new work wakes the "      \
-    "background thread earlier.")                                              \
+    "background thread earlier. On shared memory idle ranks run no rounds; a " \
+    "rank waiting for them calls them after a millisecond.")                  \
   X(int64_t, cache_capacity, "TFRING_CACHE_CAPACITY", 1024, kJob,                     \
     "Negotiated tensors remembered so later steps agree with one bitwise "     \
     "allreduce instead of a gather and broadcast. 0 disables the cache.")      \
@@ -42,10 +43,10 @@ constexpr int64_t kHierarchicalAuto = 2;
   X(int64_t, shm, "TFRING_SHM", 1, kJob,                                                 \
     "1: ranks that share one host move data and negotiate through one shared-memory "     \
     "segment instead of MPI. 0: MPI only.")                                                \
-  X(int64_t, shm_bytes, "TFRING_SHM_BYTES", 32LL * 1024 * 1024, kJob,                      \
+  X(int64_t, shm_bytes, "TFRING_SHM_BYTES", 1024 * 1024, kJob,                            \
     "Bytes of each rank's slot in the shared-memory segment (the segment holds one per "  \
-    "local rank, in /dev/shm). Fused batches up to this size are reduced without a copy "  \
-    "in.")                                                                                 \
+    "local rank, in /dev/shm). Data moves through two chunks of it of at most 512 KiB "  \
+    "each; a smaller slot means smaller chunks, a larger one gains nothing.")             \
   X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, kJob,                       \
     "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
     "the job fails; a peer that exited is noticed within milliseconds.")                   \

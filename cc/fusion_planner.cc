@@ -32,7 +32,8 @@ bool FitsFusionBuffer(int64_t bytes, int64_t fusion_threshold, int64_t direct_th
 }
 
 std::vector<Batch> PlanBatches(const std::vector<FusionCandidate>& candidates,
-                               int64_t fusion_threshold, int64_t direct_threshold) {
+                               int64_t fusion_threshold, int64_t direct_threshold,
+                               bool allreduce_spans) {
   std::vector<Batch> batches;
   // The open batch per key, as an index into `batches`, and its footprint.
   std::map<BatchKey, size_t> open_batch;
@@ -41,6 +42,17 @@ std::vector<Batch> PlanBatches(const std::vector<FusionCandidate>& candidates,
   for (const FusionCandidate& candidate : candidates) {
     const Request& request = *candidate.request;
     const int64_t bytes = FusionFootprint(candidate.bytes);
+    if (allreduce_spans && request.type == CollectiveType::kAllreduce) {
+      const BatchKey key = KeyOf(request);
+      auto it = open_batch.find(key);
+      if (it != open_batch.end()) {
+        batches[it->second].members.push_back(candidate.index);
+      } else {
+        open_batch[key] = batches.size();
+        batches.push_back(Batch{{candidate.index}, false, true});
+      }
+      continue;
+    }
     const bool fusible = IsFusibleType(request.type) &&
                          FitsFusionBuffer(candidate.bytes, fusion_threshold, direct_threshold);
     if (!fusible) {

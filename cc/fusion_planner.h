@@ -34,6 +34,9 @@ struct Batch {
   std::vector<size_t> members;
   // True when the members share the fusion buffer.
   bool fused = false;
+  // True when the members (allreduces) are reduced in one collective from
+  // their own buffers (Transport::AllreduceSpans); `fused` is then false.
+  bool spans = false;
 };
 
 struct FusionCandidate {
@@ -49,9 +52,13 @@ struct FusionCandidate {
 bool FitsFusionBuffer(int64_t bytes, int64_t fusion_threshold, int64_t direct_threshold);
 
 // A fused batch's footprint (the sum of its members' FusionFootprint) never
-// exceeds `fusion_threshold`, so a buffer of that size holds any batch.
+// exceeds `fusion_threshold`, so a buffer of that size holds any batch. With
+// `allreduce_spans` (a transport that reduces tensors from their own
+// buffers), every allreduce of one dtype and op joins one spans batch
+// instead, whatever its size: no buffer bounds it.
 std::vector<Batch> PlanBatches(const std::vector<FusionCandidate>& candidates,
-                               int64_t fusion_threshold, int64_t direct_threshold);
+                               int64_t fusion_threshold, int64_t direct_threshold,
+                               bool allreduce_spans = false);
 
 }  // namespace tfring
 

@@ -31,6 +31,7 @@ struct alignas(64) ShmBarrier::RankLine {
 struct alignas(64) ShmBarrier::Doorbell {
   std::atomic<uint32_t> ring;      // bumped when an arriving rank finds sleepers
   std::atomic<uint32_t> sleepers;  // ranks inside Sleep (or about to be)
+  std::atomic<uint32_t> round_calls;  // bumped by CallRound
 };
 
 namespace {
@@ -45,6 +46,13 @@ constexpr int kSpinsPerClockRead = 64;
 // The longest single sleep: bounds how late a failed peer is noticed.
 constexpr std::chrono::milliseconds kLongestSleep{2};
 constexpr std::chrono::milliseconds kLivenessCheckEvery{10};
+// A rank calls its peers to a round once it has waited this long for them,
+// and at most this often: a peer that submits the same work soon (the usual
+// case in training) comes by itself well within it, and is not woken from
+// its computation for nothing; a peer with nothing to submit (outside the
+// process set of the work, say) answers as soon as it would have with a
+// round every default cycle.
+constexpr std::chrono::milliseconds kRoundCallAfter{1};
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free &&
@@ -144,7 +152,28 @@ std::string ShmBarrier::Describe(const std::vector<int>& ranks) const {
   return RanksToString(job);
 }
 
+uint32_t ShmBarrier::RoundCalls() const {
+  return Bell().round_calls.load(std::memory_order_acquire);
+}
+
+void ShmBarrier::WaitForRoundCall(uint32_t seen, std::chrono::nanoseconds limit) const {
+  SleepUnlessChanged(&Bell().round_calls, seen, limit);
+}
+
+void ShmBarrier::CallRound() const {
+  Bell().round_calls.fetch_add(1, std::memory_order_acq_rel);
+  WakeAll(&Bell().round_calls);
+}
+
 Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
+  return WaitFor(what, timeout, false);
+}
+
+Status ShmBarrier::WaitCallingPeers(const char* what) {
+  return WaitFor(what, std::chrono::nanoseconds(0), true);
+}
+
+Status ShmBarrier::WaitFor(const char* what, std::chrono::nanoseconds timeout, bool call_peers) {
   if (!broken_.ok()) return broken_;
   const uint64_t target = ++steps_;
   // Sequentially consistent, so that a rank about to sleep either sees this
@@ -164,8 +193,20 @@ Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
     }
   }
   Clock::time_point next_liveness_check = start + kLivenessCheckEvery;
+  bool called = false;
   while (!AllArrived(target)) {
     const Clock::time_point now = Clock::now();
+    std::chrono::nanoseconds sleep_limit = kLongestSleep;
+    if (call_peers && !called) {
+      const Clock::time_point call_at = std::max(start, last_round_call_) + kRoundCallAfter;
+      if (now >= call_at) {
+        last_round_call_ = now;
+        called = true;
+        CallRound();
+      } else {
+        sleep_limit = std::min<std::chrono::nanoseconds>(sleep_limit, call_at - now);
+      }
+    }
     if (now >= next_liveness_check) {
       next_liveness_check = now + kLivenessCheckEvery;
       const std::vector<int> exited = Exited(Missing(target));
@@ -190,7 +231,7 @@ Status ShmBarrier::Wait(const char* what, std::chrono::nanoseconds timeout) {
     }
     bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = bell.ring.load(std::memory_order_seq_cst);
-    if (!AllArrived(target)) SleepUnlessChanged(&bell.ring, seen, kLongestSleep);
+    if (!AllArrived(target)) SleepUnlessChanged(&bell.ring, seen, sleep_limit);
     bell.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
   return Status::OK();

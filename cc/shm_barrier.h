@@ -14,6 +14,14 @@
 // or of TensorFlow, and a timed sleep would add its whole length to the
 // latency of small operations.
 //
+// Round calls: a rank that has waited a millisecond at a negotiation step
+// for peers that have not come (they may be idle, sleeping until new work
+// arrives) calls them: it bumps a shared word that each rank's watcher
+// (WaitForRoundCall, on a thread of its own) sleeps on. At most one call a
+// millisecond per rank, and none for a peer that comes sooner, so a peer
+// busy computing the same work is not pulled into rounds for nothing. This
+// lets idle ranks skip idle rounds altogether.
+//
 // Failures: while it sleeps, a waiting rank checks every few milliseconds
 // whether the missing ranks' processes still exist, and gives up with
 // Aborted naming a rank that exited. A wait with a time limit (a data
@@ -51,6 +59,16 @@ class ShmBarrier {
   // `timeout`: give up when the missing ranks do not arrive for that long;
   // zero waits as long as they are alive.
   Status Wait(const char* what, std::chrono::nanoseconds timeout);
+  // As Wait, and calls the missing peers to a round (above) when they do
+  // not come within the spin.
+  Status WaitCallingPeers(const char* what);
+
+  // The round-call word, and a sleep until it differs from `seen` (or
+  // `limit` passes, or a spurious wake-up). Thread-safe, unlike the rest.
+  uint32_t RoundCalls() const;
+  void WaitForRoundCall(uint32_t seen, std::chrono::nanoseconds limit) const;
+  // Wakes every rank's watcher. Thread-safe.
+  void CallRound() const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -68,12 +86,14 @@ class ShmBarrier {
   // The missing ranks whose process no longer exists.
   std::vector<int> Exited(const std::vector<int>& missing) const;
   std::string Describe(const std::vector<int>& ranks) const;
+  Status WaitFor(const char* what, std::chrono::nanoseconds timeout, bool call_peers);
 
   char* const area_;
   const int rank_;
   const int size_;
   const std::vector<int> job_ranks_;
   uint64_t steps_ = 0;
+  std::chrono::steady_clock::time_point last_round_call_;
   Status broken_;
 };
 

@@ -130,17 +130,20 @@ int64_t ShmCollectives::SliceStart(int r, int64_t count, int64_t element_bytes) 
 }
 
 void ShmCollectives::ReduceSlice(const std::vector<const char*>& sources,
-                                 const std::vector<char*>& results, int64_t begin, int64_t end,
-                                 DataType dtype, ReduceOp op, bool stream_first) {
+                                 const std::vector<char*>& results, int64_t count,
+                                 DataType dtype, ReduceOp op, double factor, int64_t divisor,
+                                 bool stream_first) {
   const int64_t element_bytes = DataTypeSize(dtype);
   const int64_t block_elements = static_cast<int64_t>(kReduceBlockBytes) / element_bytes;
+  const bool scale = factor != 1.0 || divisor != 1;
   std::vector<const void*> block_sources(sources.size());
-  for (int64_t block = begin; block < end; block += block_elements) {
-    const int64_t elements = std::min(block_elements, end - block);
+  for (int64_t block = 0; block < count; block += block_elements) {
+    const int64_t elements = std::min(block_elements, count - block);
     const int64_t offset = block * element_bytes;
     for (size_t q = 0; q < sources.size(); ++q) block_sources[q] = sources[q] + offset;
     ReduceSources(dtype, op, block_sources.data(), static_cast<int>(block_sources.size()),
                   block_.data(), elements);
+    if (scale) ScaleCopy(dtype, block_.data(), block_.data(), elements, factor, divisor);
     for (size_t i = 0; i < results.size(); ++i) {
       if (i == 0 && stream_first) {
         StreamCopy(results[i] + offset, block_.data(), elements * element_bytes);
@@ -153,86 +156,138 @@ void ShmCollectives::ReduceSlice(const std::vector<const char*>& sources,
 
 Status ShmCollectives::Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                                  ReduceOp op) {
+  ReduceSpan span;
+  span.input = input;
+  span.output = output;
+  span.count = count;
+  return AllreduceSpans({span}, dtype, op);
+}
+
+Status ShmCollectives::AllreduceSpans(const std::vector<ReduceSpan>& spans, DataType dtype,
+                                      ReduceOp op) {
   if (!IsSupportedOp(op)) {
     return Status::InvalidArgument(std::string("shared-memory allreduce: unsupported op ") +
                                    ReduceOpName(op) + " (Sum, Min, Max or Product)");
   }
-  if (count < 0 || (count > 0 && (input == nullptr || output == nullptr))) {
-    return Status::InvalidArgument("shared-memory allreduce: " + std::to_string(count) +
-                                   " elements with a null buffer or a negative count");
+  int64_t total = 0;
+  for (const ReduceSpan& span : spans) {
+    if (span.count < 0 || span.divisor < 1 ||
+        (span.count > 0 && (span.input == nullptr || span.output == nullptr))) {
+      return Status::InvalidArgument(
+          "shared-memory allreduce: a tensor of " + std::to_string(span.count) +
+          " elements with a null buffer, a negative count or a divisor below 1 (" +
+          std::to_string(span.divisor) + ")");
+    }
+    total += span.count;
   }
-  if (count == 0) return Status::OK();
-  const int64_t bytes = count * DataTypeSize(dtype);
-  if (input == staging() && output == staging() && bytes <= static_cast<int64_t>(slot_bytes_)) {
-    return StagedAllreduce(count, dtype, op);
-  }
-  return ChunkedAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count,
-                          dtype, op);
+  if (total == 0) return Status::OK();
+  return ChunkedAllreduce(spans, dtype, op);
 }
 
-Status ShmCollectives::StagedAllreduce(int64_t count, DataType dtype, ReduceOp op) {
-  TFRING_RETURN_IF_ERROR(DataBarrier("allreduce"));
-  std::vector<const char*> sources;
-  std::vector<char*> results;
-  for (int q = 0; q < size_; ++q) {
-    sources.push_back(Slot(q));
-    results.push_back(Slot(q));
-  }
-  const int64_t element_bytes = DataTypeSize(dtype);
-  ReduceSlice(sources, results, SliceStart(rank_, count, element_bytes),
-              SliceStart(rank_ + 1, count, element_bytes), dtype, op, false);
-  return DataBarrier("allreduce");
-}
+namespace {
 
-Status ShmCollectives::ChunkedAllreduce(const char* input, char* output, int64_t count,
-                                        DataType dtype, ReduceOp op) {
+// The spans of a multi-tensor allreduce laid end to end: element v of the
+// whole is element v - start of the span that holds it.
+class Concatenation {
+ public:
+  explicit Concatenation(const std::vector<ReduceSpan>& spans) : spans_(spans) {
+    int64_t start = 0;
+    for (const ReduceSpan& span : spans_) {
+      starts_.push_back(start);
+      start += span.count;
+    }
+    total_ = start;
+  }
+
+  int64_t total() const { return total_; }
+
+  // Calls visit(span, first element in the span, elements) for each part of
+  // the whole's elements [begin, end), in order.
+  template <typename Visit>
+  void ForEachPart(int64_t begin, int64_t end, Visit&& visit) const {
+    if (begin >= end) return;
+    // The last span starting at or before `begin` that holds elements.
+    size_t s = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+    for (int64_t at = begin; at < end; ++s) {
+      const int64_t from = at - starts_[s];
+      if (from >= spans_[s].count) continue;  // an empty span
+      const int64_t n = std::min(spans_[s].count - from, end - at);
+      visit(spans_[s], from, n);
+      at += n;
+    }
+  }
+
+ private:
+  const std::vector<ReduceSpan>& spans_;
+  std::vector<int64_t> starts_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+Status ShmCollectives::ChunkedAllreduce(const std::vector<ReduceSpan>& spans, DataType dtype,
+                                        ReduceOp op) {
+  const Concatenation whole(spans);
+  const int64_t count = whole.total();
   const int64_t element_bytes = DataTypeSize(dtype);
   const int64_t chunk_bytes = ChunkBytes();
   const int64_t chunk_elements = chunk_bytes / element_bytes;
   const int64_t chunks = (count + chunk_elements - 1) / chunk_elements;
-  // A separate output is written with streaming stores when it is too big
-  // to stay in cache anyway.
-  const bool stream = input != output && count * element_bytes >= kStreamFromBytes;
+  // A separate output is written with streaming stores when the operation
+  // is too big to stay in cache anyway.
+  const bool big = count * element_bytes >= kStreamFromBytes;
+  auto stream = [&](const ReduceSpan& span) { return big && span.input != span.output; };
   auto chunk_area = [&](int q, int64_t chunk) { return Slot(q) + (chunk % 2) * chunk_bytes; };
-  auto elements_of = [&](int64_t chunk) {
-    return std::min(chunk_elements, count - chunk * chunk_elements);
-  };
-  // Offsets in bytes of chunk `chunk`'s slice `q`: [first, second).
+  // Chunk `chunk`'s slice `q` in elements of the whole: [first, second).
   auto slice = [&](int64_t chunk, int q) {
-    const int64_t n = elements_of(chunk);
-    return std::make_pair(SliceStart(q, n, element_bytes) * element_bytes,
-                          SliceStart(q + 1, n, element_bytes) * element_bytes);
+    const int64_t first = chunk * chunk_elements;
+    const int64_t n = std::min(chunk_elements, count - first);
+    return std::make_pair(first + SliceStart(q, n, element_bytes),
+                          first + SliceStart(q + 1, n, element_bytes));
+  };
+  // Visits the parts of chunk `chunk`'s slice `q` with the byte offset of
+  // each in the chunk's area.
+  auto for_each_part = [&](int64_t chunk, int q, auto&& visit) {
+    const auto [begin, end] = slice(chunk, q);
+    int64_t area_offset = (begin - chunk * chunk_elements) * element_bytes;
+    whole.ForEachPart(begin, end, [&](const ReduceSpan& span, int64_t from, int64_t n) {
+      visit(span, from * element_bytes, area_offset, n);
+      area_offset += n * element_bytes;
+    });
   };
   auto copy_in = [&](int64_t chunk) {
-    const char* from = input + chunk * chunk_elements * element_bytes;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      const auto [begin, end] = slice(chunk, q);
-      std::memcpy(chunk_area(rank_, chunk) + begin, from + begin, end - begin);
+      for_each_part(chunk, q, [&](const ReduceSpan& span, int64_t at, int64_t area, int64_t n) {
+        std::memcpy(chunk_area(rank_, chunk) + area, static_cast<const char*>(span.input) + at,
+                    n * element_bytes);
+      });
     }
   };
+  std::vector<const char*> sources(size_);
+  std::vector<char*> results(size_);
   auto reduce = [&](int64_t chunk) {
-    const int64_t base = chunk * chunk_elements * element_bytes;
-    std::vector<const char*> sources;
-    std::vector<char*> results{output + base};
-    for (int q = 0; q < size_; ++q) {
-      sources.push_back(q == rank_ ? input + base : chunk_area(q, chunk));
-      if (q != rank_) results.push_back(chunk_area(q, chunk));
-    }
-    const int64_t n = elements_of(chunk);
-    ReduceSlice(sources, results, SliceStart(rank_, n, element_bytes),
-                SliceStart(rank_ + 1, n, element_bytes), dtype, op, stream);
+    for_each_part(chunk, rank_, [&](const ReduceSpan& span, int64_t at, int64_t area, int64_t n) {
+      results[0] = static_cast<char*>(span.output) + at;
+      for (int q = 0, next = 1; q < size_; ++q) {
+        sources[q] = q == rank_ ? static_cast<const char*>(span.input) + at : chunk_area(q, chunk) + area;
+        if (q != rank_) results[next++] = chunk_area(q, chunk) + area;
+      }
+      ReduceSlice(sources, results, n, dtype, op, span.factor, span.divisor, stream(span));
+    });
   };
   auto copy_out = [&](int64_t chunk) {
-    char* to = output + chunk * chunk_elements * element_bytes;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      const auto [begin, end] = slice(chunk, q);
-      if (stream) {
-        StreamCopy(to + begin, chunk_area(rank_, chunk) + begin, end - begin);
-      } else {
-        std::memcpy(to + begin, chunk_area(rank_, chunk) + begin, end - begin);
-      }
+      for_each_part(chunk, q, [&](const ReduceSpan& span, int64_t at, int64_t area, int64_t n) {
+        char* to = static_cast<char*>(span.output) + at;
+        const char* from = chunk_area(rank_, chunk) + area;
+        if (stream(span)) {
+          StreamCopy(to, from, n * element_bytes);
+        } else {
+          std::memcpy(to, from, n * element_bytes);
+        }
+      });
     }
   };
   for (int64_t chunk = 0; chunk <= chunks; ++chunk) {
@@ -241,7 +296,7 @@ Status ShmCollectives::ChunkedAllreduce(const char* input, char* output, int64_t
     if (chunk < chunks) reduce(chunk);
     if (chunk > 0) copy_out(chunk - 1);
   }
-  if (stream) StreamFence();
+  if (big) StreamFence();
   return Status::OK();
 }
 
@@ -312,7 +367,7 @@ Status ShmCollectives::Exchange(const void* data, size_t bytes,
   const uint64_t length = bytes <= kExchangeCapacity ? bytes : kOverflow;
   std::memcpy(area, &length, sizeof(length));
   if (length != kOverflow && bytes > 0) std::memcpy(area + kCacheLine, data, bytes);
-  TFRING_RETURN_IF_ERROR(barrier_.Wait("negotiation step", std::chrono::nanoseconds(0)));
+  TFRING_RETURN_IF_ERROR(barrier_.WaitCallingPeers("negotiation step"));
   views->assign(size_, {nullptr, 0});
   *fits = true;
   for (int q = 0; q < size_; ++q) {

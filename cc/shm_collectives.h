@@ -13,19 +13,19 @@
 //
 // Allreduce. Slice r of the data (cache-line aligned) is reduced by rank r
 // alone, folding the ranks' values in rank order, so every rank receives
-// identical bits. Two ways, picked by where the input lives:
-//  - staged: the caller packed the data into this rank's slot (staging(),
-//    where the executor builds a fused batch). Barrier; rank r reduces slice
-//    r of every slot and writes the result into slice r of every slot;
-//    barrier; the caller unpacks the result from its own slot. No copy in,
-//    two barriers in all.
-//  - chunked (any other buffers): the data moves in chunks (of at most
-//    512 KiB, which stay in cache) through the first two chunks of the
-//    slots, used alternately. Rank r copies the slices the other ranks reduce
-//    into its slot, reduces its own slice from its own input and the others'
-//    slots into its output and their slots, and copies the others' results
-//    out of its own slot. One barrier per chunk: the reduction of chunk c
-//    and the copy-out of chunk c-1 share a phase.
+// identical bits. The data moves from the tensors' own buffers in chunks
+// (of at most 512 KiB, which stay in cache) through the first two chunks of
+// the slots, used alternately. Rank r copies the slices the other ranks
+// reduce into its slot, reduces its own slice from its own input and the
+// others' slots into its output and their slots, and copies the others'
+// results out of its own slot. One barrier per chunk: the reduction of chunk
+// c and the copy-out of chunk c-1 share a phase. Several tensors run as one
+// pipeline over their concatenation (AllreduceSpans: a chunk may end inside
+// one tensor and go on in the next), so a round of hundreds of gradients
+// costs what one tensor of their total size costs, with no packing copies;
+// the reducing rank scales its slice (Average, postscale) before writing it
+// out, so that costs no pass of its own. Only two chunks of each slot are
+// ever used: slots bigger than 1 MiB gain nothing.
 // A rank reads another rank's slot only between two barriers that the owner
 // also passes, and reads its own slot after the barrier that follows the
 // others' writes, which is what makes one barrier per phase enough.
@@ -73,15 +73,12 @@ class ShmCollectives {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // This rank's slot: data packed here before Allreduce(staging(),
-  // staging(), ...) is reduced without a copy in, and the result is left
-  // here. Valid until the next call.
-  void* staging() const { return Slot(rank_); }
-  size_t staging_bytes() const { return slot_bytes_; }
-
   // output = op over every rank's input, element-wise. `input` may equal
   // `output`. op: kSum, kMin, kMax or kProduct.
   Status Allreduce(const void* input, void* output, int64_t count, DataType dtype, ReduceOp op);
+  // Every span reduced as Allreduce does, in one pipeline over all of them,
+  // each result scaled by its span's factor / divisor (common.h).
+  Status AllreduceSpans(const std::vector<ReduceSpan>& spans, DataType dtype, ReduceOp op);
   // Rank `root`'s `bytes` bytes at `buffer` replace every other rank's.
   Status Broadcast(void* buffer, int64_t bytes, int root);
   // Concatenates each rank's bytes in rank order into `output`; a null
@@ -97,6 +94,14 @@ class ShmCollectives {
   Status Exchange(const void* data, size_t bytes,
                   std::vector<std::pair<const char*, size_t>>* views, bool* fits);
 
+  // Round calls among the ranks (shm_barrier.h); an Exchange that waits
+  // for its peers calls them. Thread-safe.
+  uint32_t RoundCalls() const { return barrier_.RoundCalls(); }
+  void WaitForRoundCall(uint32_t seen, std::chrono::nanoseconds limit) const {
+    barrier_.WaitForRoundCall(seen, limit);
+  }
+  void CallRound() const { barrier_.CallRound(); }
+
   // Barriers passed so far.
   uint64_t steps() const { return barrier_.steps(); }
 
@@ -111,15 +116,13 @@ class ShmCollectives {
   Status DataBarrier(const char* what) { return barrier_.Wait(what, timeout_); }
   // The first element of slice `r` of `count` elements (cache-line aligned).
   int64_t SliceStart(int r, int64_t count, int64_t element_bytes) const;
-  Status StagedAllreduce(int64_t count, DataType dtype, ReduceOp op);
-  Status ChunkedAllreduce(const char* input, char* output, int64_t count, DataType dtype,
-                          ReduceOp op);
-  // Reduces elements [begin, end) of the ranks' data, rank q's found at
-  // sources[q], and writes the result to every pointer in `results` (all at
-  // the same element offset); to results[0] with streaming stores if
-  // `stream_first`.
+  Status ChunkedAllreduce(const std::vector<ReduceSpan>& spans, DataType dtype, ReduceOp op);
+  // Reduces `count` elements of the ranks' data, rank q's at sources[q],
+  // scales the result by factor / divisor, and writes it to every pointer in
+  // `results`; to results[0] with streaming stores if `stream_first`.
   void ReduceSlice(const std::vector<const char*>& sources, const std::vector<char*>& results,
-                   int64_t begin, int64_t end, DataType dtype, ReduceOp op, bool stream_first);
+                   int64_t count, DataType dtype, ReduceOp op, double factor, int64_t divisor,
+                   bool stream_first);
 
   char* const segment_;
   const int rank_;

@@ -183,6 +183,11 @@ Status ShmTransport::Allreduce(const void* input, void* output, int64_t count, D
   return shm_->Allreduce(input, output, count, dtype, op);
 }
 
+Status ShmTransport::AllreduceSpans(const std::vector<ReduceSpan>& spans, DataType dtype,
+                                    ReduceOp op) {
+  return shm_->AllreduceSpans(spans, dtype, op);
+}
+
 Status ShmTransport::Allgatherv(const void* input, int64_t input_bytes, void* output,
                                 const std::vector<int64_t>& bytes_per_rank) {
   (void)input_bytes;  // bytes_per_rank[rank()] says the same
@@ -204,8 +209,28 @@ Status ShmTransport::ReduceScatter(const void* input, void* output,
   return inner_->ReduceScatter(input, output, counts, dtype, op);
 }
 
-void* ShmTransport::StagingBuffer(int64_t bytes) {
-  return bytes <= static_cast<int64_t>(shm_->staging_bytes()) ? shm_->staging() : nullptr;
+bool ShmTransport::WatchRoundCalls(std::function<void()> on_call) {
+  StopWatchingRoundCalls();
+  stop_watching_ = false;
+  watcher_ = std::thread([this, on_call = std::move(on_call)] {
+    uint32_t seen = shm_->RoundCalls();
+    while (!stop_watching_.load()) {
+      // The limit only bounds how long a stop request can go unnoticed if
+      // its wake-up is missed.
+      shm_->WaitForRoundCall(seen, std::chrono::milliseconds(100));
+      const uint32_t now = shm_->RoundCalls();
+      if (now != seen && !stop_watching_.load()) on_call();
+      seen = now;
+    }
+  });
+  return true;
+}
+
+void ShmTransport::StopWatchingRoundCalls() {
+  if (!watcher_.joinable()) return;
+  stop_watching_ = true;
+  shm_->CallRound();  // wakes this watcher (and, harmlessly, the peers')
+  watcher_.join();
 }
 
 }  // namespace tfring

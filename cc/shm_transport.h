@@ -17,11 +17,18 @@
 // /dev/shm. If the ranks span hosts, TFRING_SHM=0, or any step fails (a
 // too-small /dev/shm, say), every rank keeps the wrapped transport, and a
 // failure is logged with its fix.
+//
+// Round calls: a rank waiting in a negotiation step for peers calls them
+// through the segment (shm_barrier.h); a watcher thread per rank passes the
+// call on (WatchRoundCalls), so idle ranks need no rounds of their own.
 #ifndef TFRING_CC_SHM_TRANSPORT_H_
 #define TFRING_CC_SHM_TRANSPORT_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cc/config.h"
@@ -51,6 +58,9 @@ class ShmTransport : public Transport {
   Status BroadcastFromRoot(std::string* bytes) override;
   Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                    ReduceOp op) override;
+  bool ReducesSpans() const override { return true; }
+  Status AllreduceSpans(const std::vector<ReduceSpan>& spans, DataType dtype,
+                        ReduceOp op) override;
   Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) override;
   Status Allgatherv(const void* input, int64_t input_bytes, void* output,
                     const std::vector<int64_t>& bytes_per_rank) override;
@@ -59,7 +69,9 @@ class ShmTransport : public Transport {
                    const std::vector<int64_t>& recv_bytes) override;
   Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op) override;
-  void* StagingBuffer(int64_t bytes) override;
+  bool WatchRoundCalls(std::function<void()> on_call) override;
+  void StopWatchingRoundCalls() override;
+  ~ShmTransport() override { StopWatchingRoundCalls(); }
 
  private:
   // Every rank publishes `bytes` bytes (at most the exchange capacity, the
@@ -76,6 +88,9 @@ class ShmTransport : public Transport {
   std::unique_ptr<Transport> owned_;
   std::unique_ptr<ShmSegment> segment_;  // mapped for as long as shm_ uses it
   std::unique_ptr<ShmCollectives> shm_;
+  // Sleeps on the segment's round calls and passes each one on.
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
 };
 
 }  // namespace tfring

@@ -9,6 +9,7 @@
 #define TFRING_CC_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,32 @@ class Transport {
   // `op` is kSum, kMin, kMax or kProduct (Average is a scaled Sum).
   virtual Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
+  // Whether AllreduceSpans is this transport's way to reduce several tensors
+  // of one dtype: true where it reduces from the tensors' own buffers as
+  // cheaply as from one packed buffer (shared memory), so packing would only
+  // add copies.
+  virtual bool ReducesSpans() const { return false; }
+  // Reduces every span (the same spans, in the same order, on every rank)
+  // in one collective, as if they were concatenated, and scales each result
+  // by its span's factor / divisor. Only called where ReducesSpans().
+  virtual Status AllreduceSpans(const std::vector<ReduceSpan>& spans, DataType dtype,
+                                ReduceOp op) {
+    (void)spans;
+    (void)dtype;
+    (void)op;
+    return Status::Internal("this transport reduces one buffer at a time (ReducesSpans() is false)");
+  }
+  // Idle rounds. Ranks must all take part in every negotiation round, so a
+  // rank with nothing to do runs a round every cycle to answer the others.
+  // A transport that can tell when a peer waits for this rank in a round
+  // starts calling `on_call` (from a thread of its own, any number of
+  // times, until StopWatchingRoundCalls returns) and returns true; the
+  // caller then runs idle rounds only when called. False: no such signal.
+  virtual bool WatchRoundCalls(std::function<void()> on_call) {
+    (void)on_call;
+    return false;
+  }
+  virtual void StopWatchingRoundCalls() {}
   // Every rank learns every rank's `local` words (as many on every rank),
   // concatenated in rank order into `all`.
   virtual Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) = 0;
@@ -59,15 +86,6 @@ class Transport {
   virtual Status ReduceScatter(const void* input, void* output,
                                const std::vector<int64_t>& counts, DataType dtype,
                                ReduceOp op) = 0;
-
-  // A buffer of at least `bytes` bytes that Allreduce(buffer, buffer, ...)
-  // reduces without copying it in first (shared memory the other ranks
-  // read), or null when this transport has none that big. Valid until the
-  // next call; the result is left in it.
-  virtual void* StagingBuffer(int64_t bytes) {
-    (void)bytes;
-    return nullptr;
-  }
 };
 
 }  // namespace tfring

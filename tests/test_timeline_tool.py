@@ -316,7 +316,7 @@ def test_format_summary_has_the_key_lines(tool, timeline_file):
     assert "  5 batches in 3 cycles: 1.67 per cycle on average, at most 2" in lines
     assert "  tensors per batch: min 1, median 1, max 2" in lines
     assert "  bytes per batch:   min 64 B, median 400 B, max 1000 B" in lines
-    assert "  fused (packed into the fusion buffer): 20.0% of batches" in lines
+    assert "  fused (several tensors in one collective): 20.0% of batches" in lines
     assert any(line.split() == ["1.", "grad/a", "allreduce", "0.190", "rank", "1", "0.100"]
                for line in lines)
     assert not any(line.strip().startswith("4.") for line in lines)  # top=3

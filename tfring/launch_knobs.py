@@ -102,7 +102,7 @@ KNOB_FLAGS = (
              "ranks on one host talk through MPI instead of shared memory",
              const="0"),
     KnobFlag(("--shm-bytes",), "TFRING_SHM_BYTES",
-             "bytes of each rank's shared-memory slot (default 33554432)",
+             "bytes of each rank's shared-memory slot (default 1048576)",
              BYTES),
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
              "seconds to wait for a live peer in a shared-memory operation "

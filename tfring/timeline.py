@@ -529,7 +529,7 @@ def batch_lines(batches):
     lines.append(f"  tensors per batch: min {t['min']}, median {t['median']}, max {t['max']}")
     lines.append(f"  bytes per batch:   min {human_bytes(b['min'])}, "
                  f"median {human_bytes(b['median'])}, max {human_bytes(b['max'])}")
-    lines.append(f"  fused (packed into the fusion buffer): {percent(batches['fused_fraction'], 1)} of batches")
+    lines.append(f"  fused (several tensors in one collective): {percent(batches['fused_fraction'], 1)} of batches")
     return lines
 
 

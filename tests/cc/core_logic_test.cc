@@ -408,6 +408,18 @@ void TestFusionPlanner(int) {
   EXPECT_TRUE(PlanBatches({}, 1000, 4000).empty(), "empty plan");
   std::vector<Batch> unfused = PlanBatches(candidates, 0, 4000);
   EXPECT_TRUE(unfused.size() == candidates.size(), "threshold 0 disables fusion");
+  // A transport that reduces spans: every allreduce of one dtype and op
+  // joins one batch whatever its size (the 5000-byte one too); the others
+  // are planned as before.
+  std::vector<Batch> spans = PlanBatches(candidates, 1000, 4000, /*allreduce_spans=*/true);
+  expected = {{0, 20, 40, 60}, {10}, {30}, {50}, {70, 80}, {90, 100}, {110}, {120}};
+  EXPECT_TRUE(spans.size() == expected.size(), spans.size() << " batches with spans");
+  for (size_t b = 0; b < spans.size() && b < expected.size(); ++b) {
+    EXPECT_TRUE(spans[b].members == expected[b], "batch " << b << " with spans");
+  }
+  EXPECT_TRUE(spans[0].spans && !spans[0].fused && spans[1].spans && !spans[2].spans &&
+                  spans[3].spans && spans[4].fused && !spans[4].spans && spans[5].fused,
+              "span flags");
 }
 
 void TestHalfConversions(int) {

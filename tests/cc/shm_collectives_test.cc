@@ -18,7 +18,7 @@
 //        shm_collectives_test bench <ranks> <MiB> [slot KiB]
 // Prints "PASS <scenario>" or "FAIL <scenario>: why" per scenario and exits
 // non-zero if any failed; `bench` prints median and best times of a float32
-// Sum (chunked, chunked in place, staged) next to a memcpy of the same bytes
+// Sum (chunked, chunked in place, as spans) next to a memcpy of the same bytes
 // (no assertions). Driven from tests/test_shm_collectives.py.
 
 #include <signal.h>
@@ -466,13 +466,13 @@ Bytes RandomInput(DataType dtype, ReduceOp op, int64_t count, uint64_t seed) {
 
 // --- Allreduce against the reference ---
 
-enum class Mode { kChunked, kInPlace, kStaged };
+enum class Mode { kChunked, kInPlace, kSpans };
 
 const char* ModeName(Mode mode) {
   switch (mode) {
     case Mode::kChunked: return "chunked";
     case Mode::kInPlace: return "chunked in place";
-    case Mode::kStaged: return "staged";
+    case Mode::kSpans: return "spans";
   }
   return "?";
 }
@@ -502,6 +502,25 @@ AllreduceCase MakeCase(int size, Mode mode, DataType dtype, ReduceOp op, int64_t
   }
   c.expected = Reference(dtype, op, c.inputs, count);
   return c;
+}
+
+// `count` elements at `input` and `output` (may be equal) as `pieces` spans
+// of uneven lengths (quadratic boundaries: short ones first, some empty when
+// count is small), for AllreduceSpans.
+std::vector<ReduceSpan> SplitIntoSpans(const void* input, void* output, int64_t count,
+                                       DataType dtype, int pieces) {
+  const int64_t element = DataTypeSize(dtype);
+  std::vector<ReduceSpan> spans;
+  for (int k = 0; k < pieces; ++k) {
+    const int64_t begin = count * k * k / (pieces * pieces);
+    const int64_t end = count * (k + 1) * (k + 1) / (pieces * pieces);
+    ReduceSpan span;
+    span.input = static_cast<const char*>(input) + begin * element;
+    span.output = static_cast<char*>(output) + begin * element;
+    span.count = end - begin;
+    spans.push_back(span);
+  }
+  return spans;
 }
 
 // Runs `cases` in order on `size` ranks; each rank's outputs go to shared
@@ -537,11 +556,9 @@ void CheckAllreduces(int size, size_t slot_bytes, std::vector<AllreduceCase> cas
           if (bytes > 0) std::memcpy(out, input, bytes);
           status = shm.Allreduce(out, out, c.count, c.dtype, c.op);
           break;
-        case Mode::kStaged:
-          EXPECT_TRUE(bytes <= shm.staging_bytes(), Describe(c, size) << ": bigger than a slot");
-          if (bytes > 0) std::memcpy(shm.staging(), input, bytes);
-          status = shm.Allreduce(shm.staging(), shm.staging(), c.count, c.dtype, c.op);
-          if (bytes > 0) std::memcpy(out, shm.staging(), bytes);
+        case Mode::kSpans:
+          status = shm.AllreduceSpans(SplitIntoSpans(input, out, c.count, c.dtype, 5), c.dtype,
+                                      c.op);
           break;
       }
       EXPECT_TRUE(status.ok(), Describe(c, size) << ": " << status.message());
@@ -569,13 +586,12 @@ void CheckAllreduces(int size, size_t slot_bytes, std::vector<AllreduceCase> cas
   }
 }
 
-// Every op at 1 to 3 ranks: chunked and chunked in place on counts of 0, 1,
-// a few, one more than a chunk and many chunks (none divisible by 2 or 3);
-// staged on counts up to a full slot.
+// Every op at 1 to 3 ranks: chunked, chunked in place and as spans on counts
+// of 0, 1, a few, one more than a chunk and many chunks (none divisible by 2
+// or 3).
 void AllreduceEveryOp(DataType dtype) {
   const int64_t element = DataTypeSize(dtype);
   const int64_t chunk = kTestSlotBytes / 2 / element;
-  const int64_t slot = kTestSlotBytes / element;
   for (int size = 1; size <= 3; ++size) {
     std::vector<AllreduceCase> cases;
     for (ReduceOp op : kOps) {
@@ -583,13 +599,117 @@ void AllreduceEveryOp(DataType dtype) {
                             chunk + 1, kLargeCount}) {
         cases.push_back(MakeCase(size, Mode::kChunked, dtype, op, count));
         cases.push_back(MakeCase(size, Mode::kInPlace, dtype, op, count));
-      }
-      for (int64_t count :
-           {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{17}, int64_t{1001}, slot - 7, slot}) {
-        cases.push_back(MakeCase(size, Mode::kStaged, dtype, op, count));
+        cases.push_back(MakeCase(size, Mode::kSpans, dtype, op, count));
       }
     }
     CheckAllreduces(size, kTestSlotBytes, std::move(cases));
+  }
+}
+
+// Several tensors in one AllreduceSpans at 1 to 3 ranks: spans of random
+// lengths (empty ones, ones inside a chunk, ones across several chunk
+// boundaries, so chunks and slices start and end inside tensors), some in
+// place, some with a factor and a divisor. Every output must equal the
+// reference reduction of that tensor alone, scaled, bit for bit (so every
+// rank holds the same bits), and separate inputs must be left untouched.
+void AllreduceSpansEveryDtype() {
+  struct Plan {
+    int64_t count;
+    bool in_place;
+    double factor;
+    int64_t divisor;
+  };
+  for (int size = 1; size <= 3; ++size) {
+    for (DataType dtype : kDtypes) {
+      const ReduceOp op = kOps[static_cast<int>(dtype) % 4];
+      const int64_t chunk = kTestSlotBytes / 2 / DataTypeSize(dtype);
+      const bool real = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+                        dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+      std::mt19937_64 random(static_cast<uint64_t>(dtype) * 7 + size);
+      std::vector<Plan> plans;
+      for (int t = 0; t < 24; ++t) {
+        const int64_t counts[] = {0, 1, 7, static_cast<int64_t>(random() % chunk),
+                                  chunk - 1, static_cast<int64_t>(random() % (3 * chunk))};
+        Plan plan{counts[random() % 6], random() % 2 == 0, 1.0, 1};
+        if (random() % 3 == 0) {
+          plan.divisor = 3;
+          if (real) plan.factor = 0.5;
+        }
+        plans.push_back(plan);
+      }
+      RankOptions options;
+      options.size = size;
+      RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+        std::vector<std::vector<Bytes>> inputs(plans.size());  // [tensor][rank]
+        std::vector<Bytes> outputs(plans.size());
+        std::vector<ReduceSpan> spans;
+        for (size_t t = 0; t < plans.size(); ++t) {
+          for (int q = 0; q < size; ++q) {
+            inputs[t].push_back(RandomInput(dtype, op, plans[t].count, t * 131 + q * 7 + 1));
+          }
+          outputs[t] = plans[t].in_place ? inputs[t][rank]
+                                         : Bytes(plans[t].count * DataTypeSize(dtype), kFill);
+          ReduceSpan span;
+          span.output = outputs[t].data();
+          span.input = plans[t].in_place ? span.output : inputs[t][rank].data();
+          span.count = plans[t].count;
+          span.factor = plans[t].factor;
+          span.divisor = plans[t].divisor;
+          spans.push_back(span);
+        }
+        const std::string what = std::string("spans of ") + DataTypeName(dtype) + " " +
+                                 ReduceOpName(op) + " on " + std::to_string(size) + " ranks";
+        const Status status = shm.AllreduceSpans(spans, dtype, op);
+        EXPECT_TRUE(status.ok(), what << ": " << status.message());
+        for (size_t t = 0; t < plans.size(); ++t) {
+          const size_t bytes = plans[t].count * DataTypeSize(dtype);
+          Bytes expected = Reference(dtype, op, inputs[t], plans[t].count);
+          ScaleCopy(dtype, expected.data(), expected.data(), plans[t].count, plans[t].factor,
+                    plans[t].divisor);
+          const int64_t at = FirstDifference(expected.data(), outputs[t].data(), bytes);
+          EXPECT_TRUE(at < 0, what << ": tensor " << t << " of " << plans[t].count
+                                   << " elements differs at byte " << at);
+          if (!plans[t].in_place) {
+            const Bytes original =
+                RandomInput(dtype, op, plans[t].count, t * 131 + rank * 7 + 1);
+            ExpectSameBytes(original.data(), inputs[t][rank].data(), bytes,
+                            what + ": the input of tensor " + std::to_string(t));
+          }
+        }
+      });
+    }
+  }
+}
+
+// A rank that waits at a negotiation step for a peer that does not come
+// calls it to a round (shm_barrier.h): the late rank, sleeping on the
+// round-call word as a watcher does, wakes up to a changed value.
+void RoundCalls() {
+  for (int size = 2; size <= 3; ++size) {
+    RankOptions options;
+    options.size = size;
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+      Views views;
+      bool fits = false;
+      const char word = static_cast<char>(rank);
+      Status status = shm.Exchange(&word, 1, &views, &fits);  // everyone attached
+      EXPECT_TRUE(status.ok(), status.message());
+      if (rank == size - 1) {
+        const uint32_t before = shm.RoundCalls();
+        const Clock::time_point start = Clock::now();
+        while (shm.RoundCalls() == before && SecondsSince(start) < 10) {
+          shm.WaitForRoundCall(before, std::chrono::seconds(10));
+        }
+        EXPECT_TRUE(shm.RoundCalls() != before,
+                    "rank " << rank << " was not called to the round its peers waited in");
+      }
+      status = shm.Exchange(&word, 1, &views, &fits);
+      EXPECT_TRUE(status.ok() && fits, status.message());
+      for (int q = 0; q < size; ++q) {
+        EXPECT_TRUE(views[q].second == 1 && views[q].first[0] == static_cast<char>(q),
+                    "the message of rank " << q);
+      }
+    });
   }
 }
 
@@ -606,12 +726,12 @@ void AllreduceTinySlot() {
       }
       if (count <= 16) {
         cases.push_back(
-            MakeCase(size, Mode::kStaged, DataType::kFloat64, ReduceOp::kMax, count));
+            MakeCase(size, Mode::kSpans, DataType::kFloat64, ReduceOp::kMax, count));
       }
     }
     cases.push_back(MakeCase(size, Mode::kChunked, DataType::kInt8, ReduceOp::kMin, 1000));
     cases.push_back(MakeCase(size, Mode::kInPlace, DataType::kFloat16, ReduceOp::kSum, 333));
-    cases.push_back(MakeCase(size, Mode::kStaged, DataType::kUInt8, ReduceOp::kProduct, 128));
+    cases.push_back(MakeCase(size, Mode::kSpans, DataType::kUInt8, ReduceOp::kProduct, 128));
     CheckAllreduces(size, 128, std::move(cases));
   }
 }
@@ -653,12 +773,11 @@ void ManyMixedCalls() {
         const std::string what = "call " + std::to_string(call) + " (kind " +
                                  std::to_string(kind) + ")";
         Status status;
-        if (kind <= 2) {  // allreduce: 0 chunked, 1 in place, 2 staged
+        if (kind <= 2) {  // allreduce: 0 chunked, 1 in place, 2 spans
           const DataType dtype = kDtypes[random() % 8];
           const ReduceOp op = kOps[random() % 4];
           const int64_t element = DataTypeSize(dtype);
-          const int64_t count = static_cast<int64_t>(
-              random() % (kind == 2 ? slot / element + 1 : 3 * half / element + 8));
+          const int64_t count = static_cast<int64_t>(random() % (3 * half / element + 8));
           std::vector<Bytes> inputs;
           for (int q = 0; q < size; ++q) inputs.push_back(RandomInput(dtype, op, count, seed + q));
           const Bytes expected = Reference(dtype, op, inputs, count);
@@ -669,10 +788,10 @@ void ManyMixedCalls() {
             std::copy(inputs[rank].begin(), inputs[rank].end(), output.begin());
             status = shm.Allreduce(output.data(), output.data(), count, dtype, op);
           } else {
-            std::copy(inputs[rank].begin(), inputs[rank].end(),
-                      static_cast<unsigned char*>(shm.staging()));
-            status = shm.Allreduce(shm.staging(), shm.staging(), count, dtype, op);
-            std::memcpy(output.data(), shm.staging(), expected.size());
+            status = shm.AllreduceSpans(
+                SplitIntoSpans(inputs[rank].data(), output.data(), count, dtype,
+                               1 + static_cast<int>(seed % 6)),
+                dtype, op);
           }
           const AllreduceCase c{static_cast<Mode>(kind), dtype, op, count, {}, {}};
           EXPECT_TRUE(status.ok(), what << " " << Describe(c, size) << ": " << status.message());
@@ -956,7 +1075,8 @@ void ExpectBrokenBy(ShmCollectives& shm, const Status& status, const std::string
   const Clock::time_point start = Clock::now();
   const Status later[] = {
       shm.Allreduce(data, data, 300, DataType::kFloat32, ReduceOp::kSum),
-      shm.Allreduce(shm.staging(), shm.staging(), 3, DataType::kInt32, ReduceOp::kMax),
+      shm.AllreduceSpans(SplitIntoSpans(data, data, 30, DataType::kInt32, 3), DataType::kInt32,
+                         ReduceOp::kMax),
       shm.Broadcast(data, 100, 0),
       shm.Allgatherv(nullptr, data, sizes),
       shm.Exchange(data, 8, &views, &fits),
@@ -1114,8 +1234,7 @@ void AttachErrors() {
                     std::to_string(bytes) + " needed)");
   Status status = attach(base + 64, bytes, 1, 2, slot, {3, 8});
   EXPECT_TRUE(status.ok(), status.message());
-  EXPECT_TRUE(shm->rank() == 1 && shm->size() == 2 && shm->staging_bytes() == slot &&
-                  shm->steps() == 0,
+  EXPECT_TRUE(shm->rank() == 1 && shm->size() == 2 && shm->steps() == 0,
               "attached as rank " << shm->rank() << " of " << shm->size());
 
   // On a 2-rank instance without its peer: argument errors, and calls with
@@ -1211,6 +1330,9 @@ void SegmentErrors() {
 
 // --- bench ---
 
+// Tensors of the spans bench.
+constexpr int kBenchTensors = 64;
+
 struct Timing {
   double median_ms;
   double min_ms;
@@ -1235,13 +1357,15 @@ Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iter
     float* from = input.data();
     float* to = output.data();
     if (mode == Mode::kInPlace) to = from;
-    if (mode == Mode::kStaged) {
-      from = to = static_cast<float*>(shm.staging());
-      std::copy(input.begin(), input.end(), from);
-    }
+    // As a round of gradients: the same bytes in tensors of uneven sizes.
+    const std::vector<ReduceSpan> spans =
+        SplitIntoSpans(from, to, count, DataType::kFloat32, kBenchTensors);
     for (int i = -2; i < iterations; ++i) {  // two to warm up
       const Clock::time_point start = Clock::now();
-      const Status status = shm.Allreduce(from, to, count, DataType::kFloat32, ReduceOp::kSum);
+      const Status status =
+          mode == Mode::kSpans
+              ? shm.AllreduceSpans(spans, DataType::kFloat32, ReduceOp::kSum)
+              : shm.Allreduce(from, to, count, DataType::kFloat32, ReduceOp::kSum);
       if (i >= 0) seconds[rank * iterations + i] = SecondsSince(start);
       EXPECT_TRUE(status.ok(), status.message());
     }
@@ -1254,13 +1378,12 @@ Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iter
 }
 
 // bench <ranks> <MiB> [slot KiB]: float32 Sum, chunked (out of place, in
-// place) with the given slots and staged with slots that hold the data,
-// against memcpy of the same bytes. Prints times, asserts nothing.
+// place, and as kBenchTensors tensors in one AllreduceSpans), against memcpy
+// of the same bytes. Prints times, asserts nothing.
 int Bench(int size, double mib, size_t slot_kib) {
   const int64_t count = std::max<int64_t>(1, static_cast<int64_t>(mib * 1024 * 1024 / 4));
   const double bytes = count * 4.0;
   const size_t slot_bytes = std::max<size_t>(128, slot_kib * 1024 / 128 * 128);
-  const size_t staged_slot = std::max(slot_bytes, static_cast<size_t>((count * 4 + 127) / 128 * 128));
   const int iterations = std::max(5, std::min(200, static_cast<int>(1e9 / bytes)));
   auto line = [&](const char* what, const Timing& t) {
     std::printf("  %-28s median %9.3f ms  min %9.3f ms  (%6.2f GB/s at the median)\n", what,
@@ -1271,8 +1394,8 @@ int Bench(int size, double mib, size_t slot_kib) {
               size, bytes / 1024 / 1024, slot_bytes / 1024, iterations);
   line("chunked:", BenchMode(size, count, slot_bytes, Mode::kChunked, iterations));
   line("chunked in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations));
-  const std::string staged = "staged (slots " + std::to_string(staged_slot / 1024) + " KiB):";
-  line(staged.c_str(), BenchMode(size, count, staged_slot, Mode::kStaged, iterations));
+  const std::string spans = "spans (" + std::to_string(kBenchTensors) + " tensors):";
+  line(spans.c_str(), BenchMode(size, count, slot_bytes, Mode::kSpans, iterations));
   std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
   std::vector<double> seconds;
   for (int i = -2; i < iterations; ++i) {
@@ -1296,6 +1419,8 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
       {"allreduce_float32", [] { AllreduceEveryOp(DataType::kFloat32); }},
       {"allreduce_float64", [] { AllreduceEveryOp(DataType::kFloat64); }},
       {"allreduce_tiny_slot", AllreduceTinySlot},
+      {"allreduce_spans", AllreduceSpansEveryDtype},
+      {"round_calls", RoundCalls},
       {"many_mixed_calls", ManyMixedCalls},
       {"broadcast_every_root", BroadcastEveryRoot},
       {"allgatherv_layouts", AllgathervLayouts},

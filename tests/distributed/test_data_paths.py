@@ -159,9 +159,10 @@ def test_float_sums_are_identical_on_every_rank():
 
 
 def test_batches_bigger_than_the_slot_and_many_orders():
-    """A 128 KiB slot with a 4 MiB fusion threshold: fused batches do not fit
-    the slot and go through the private fusion buffer; 60 tensors are
-    submitted from threads in a different order on every rank."""
+    """A 128 KiB slot (64 KiB chunks) with a 4 MiB fusion threshold: 60
+    tensors, submitted from threads in a different order on every rank, are
+    reduced in rounds whose tensors cross many chunk boundaries (over MPI:
+    fused batches bigger than the slot)."""
     rank, size = tfring.rank(), tfring.size()
     with initialized_with(TFRING_SHM_BYTES="131072",
                           TFRING_FUSION_THRESHOLD=str(4 << 20)):

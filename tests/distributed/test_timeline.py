@@ -136,8 +136,10 @@ def test_timeline_records_readiness_ops_and_phases():
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
              if e.get("ph") == "M" and e["name"] == "process_name"}
     members = [names[o["pid"]] for o in fused[0]]
-    copy_ins = [_one(rows[name], name="copy_in") for name in members]
-    assert len({(c["ts"], c["dur"]) for c in copy_ins}) == 1
+    # One collective for the batch (packed into the fusion buffer over MPI,
+    # reduced from the members' own buffers on shared memory).
+    communicates = [_one(rows[name], name="communicate") for name in members]
+    assert len({(c["ts"], c["dur"]) for c in communicates}) == 1
 
     gather = _one(rows["timeline_gather"], cat="op")
     assert gather["name"] == "allgather" and gather["args"]["shape"] == [1, 2]
