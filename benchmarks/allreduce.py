@@ -19,7 +19,9 @@ allreduce
     they are made inside the function by a multiply, which is also timed
     alone in the same repetitions and subtracted (the row "tfring
     grouped_allreduce, fresh inputs");
-  * the latency of a lone 4 KiB allreduce, over many repetitions.
+  * the latency of a lone 4 KiB allreduce, over many repetitions, next to
+    TensorFlow's own floor: the same tf.function call with a multiply
+    instead of the allreduce.
 allgather
   * one tensor, 4 KiB, 4 MiB and 64 MiB of output (each rank gives
     1/size): mpi4py Allgather and Allgatherv into a preallocated output, and
@@ -117,8 +119,9 @@ def parse_args():
     return parser.parse_args()
 
 
-def single_tensor_variants(comm, num_bytes):
-    """mpi4py and tfring variants reducing one float32 tensor of num_bytes."""
+def single_tensor_variants(comm, num_bytes, with_floor=False):
+    """mpi4py and tfring variants reducing one float32 tensor of num_bytes;
+    with_floor adds TensorFlow's own cost of calling a tf.function on it."""
     count = num_bytes // 4
     # Values every rank can sum exactly; the in-place buffer stays zero so
     # repeated in-place sums never grow.
@@ -143,6 +146,12 @@ def single_tensor_variants(comm, num_bytes):
         "tfring allreduce tf.function":
             lambda: reduce_in_function(tensor),
     }
+    if with_floor:
+        @tf.function
+        def scale_in_function(x):
+            return x * 2.0
+
+        variants[FLOOR_LABEL] = lambda: scale_in_function(tensor)
     comm.Allreduce(src, dst)
     check("mpi4py", dst, expected)
     check("tfring eager", hvd.allreduce(tensor, op=hvd.Sum), expected)
@@ -236,6 +245,9 @@ def resnet50_variants(comm, shapes):
     return variants
 
 
+# TensorFlow's floor for a lone op in a tf.function: the same call with a
+# multiply instead of the allreduce (no communication at all).
+FLOOR_LABEL = "(TensorFlow alone: tf.function x * 2)"
 FRESH_TOTAL_LABEL = "(making fresh inputs + tfring grouped)"
 FRESH_MAKE_LABEL = "(making fresh inputs alone)"
 FRESH_LABEL = "tfring grouped_allreduce, fresh inputs"
@@ -287,7 +299,8 @@ def main():
         shapes = resnet50_shapes()
         add_fresh_difference(
             run(f"ResNet-50 x{len(shapes)}", resnet50_variants(comm, shapes)))
-        latency = run("4 KiB latency", single_tensor_variants(comm, 4 * KIB),
+        latency = run("4 KiB latency",
+                      single_tensor_variants(comm, 4 * KIB, with_floor=True),
                       args.latency_repeats)
     small = f"{SMALL_COUNT}x{describe_size(SMALL_BYTES)}"
     if "allgather" in args.cases:

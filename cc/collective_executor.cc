@@ -138,8 +138,10 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
   for (const FusionCandidate& candidate : candidates) {
     candidate_bytes[candidate.index] = candidate.bytes;
   }
-  for (const Batch& batch : PlanBatches(candidates, fusion_threshold_, direct_threshold_,
-                                        transport_->ReducesSpans())) {
+  // A fusion threshold of 0 turns fusion off on every path.
+  const bool allreduce_spans = transport_->ReducesSpans() && fusion_threshold_ > 0;
+  for (const Batch& batch :
+       PlanBatches(candidates, fusion_threshold_, direct_threshold_, allreduce_spans)) {
     BatchPhases phases;
     if (trace != nullptr) {
       phases.Mark(OpPhase::kQueue);

@@ -29,7 +29,8 @@ constexpr int64_t kHierarchicalAuto = 2;
 #define TFRING_CONFIG_KNOBS(X)                                                  \
   X(int64_t, fusion_threshold, "TFRING_FUSION_THRESHOLD", 128LL * 1024 * 1024, kJob,  \
     "Bytes of the fusion buffer; allreduces of one dtype and op are packed "    \
-    "into it up to this size. 0 disables fusion.")                             \
+    "into it up to this size (on shared memory they need no buffer). 0 "       \
+    "disables fusion.")                                                        \
   X(double, cycle_time_ms, "TFRING_CYCLE_TIME", 1.0, kProcess,                            \
     "Milliseconds between negotiation rounds when no new work wakes the "      \
     "background thread earlier. On shared memory idle ranks run no rounds; a " \
