@@ -42,33 +42,26 @@ std::vector<Batch> PlanBatches(const std::vector<FusionCandidate>& candidates,
   for (const FusionCandidate& candidate : candidates) {
     const Request& request = *candidate.request;
     const int64_t bytes = FusionFootprint(candidate.bytes);
-    if (allreduce_spans && request.type == CollectiveType::kAllreduce) {
-      const BatchKey key = KeyOf(request);
-      auto it = open_batch.find(key);
-      if (it != open_batch.end()) {
-        batches[it->second].members.push_back(candidate.index);
-      } else {
-        open_batch[key] = batches.size();
-        batches.push_back(Batch{{candidate.index}, false, true});
-      }
-      continue;
-    }
-    const bool fusible = IsFusibleType(request.type) &&
-                         FitsFusionBuffer(candidate.bytes, fusion_threshold, direct_threshold);
+    // A spans batch has no buffer to fill: any size joins, without bound.
+    const bool spans = allreduce_spans && request.type == CollectiveType::kAllreduce;
+    const bool fusible = spans || (IsFusibleType(request.type) &&
+                                   FitsFusionBuffer(candidate.bytes, fusion_threshold,
+                                                    direct_threshold));
     if (!fusible) {
       batches.push_back(Batch{{candidate.index}, false});
       continue;
     }
     const BatchKey key = KeyOf(request);
     auto it = open_batch.find(key);
-    if (it != open_batch.end() && open_bytes[it->second] + bytes <= fusion_threshold) {
+    if (it != open_batch.end() &&
+        (spans || open_bytes[it->second] + bytes <= fusion_threshold)) {
       batches[it->second].members.push_back(candidate.index);
       open_bytes[it->second] += bytes;
       continue;
     }
     open_batch[key] = batches.size();
     open_bytes[batches.size()] = bytes;
-    batches.push_back(Batch{{candidate.index}, true});
+    batches.push_back(Batch{{candidate.index}, !spans, spans});
   }
   return batches;
 }
