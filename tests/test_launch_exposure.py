@@ -8,8 +8,10 @@
 # check where each one listens. A plain mpirun job is measured the same way
 # to show that the listing sees rank listeners when there are some.
 
+import glob
 import ipaddress
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,9 +134,46 @@ class _Job:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.2)
+        where = self.where_stuck()
         self.end()
         pytest.fail(f"expected {count} lines starting with {prefix!r} "
-                    f"within {seconds} s; output:\n" + "\n".join(self.lines))
+                    f"within {seconds} s; output:\n" + "\n".join(self.lines)
+                    + f"\nwhere the job's processes were:\n{where}")
+
+    def where_stuck(self):
+        """Each process of the job with its threads' states and kernel wait
+        channels, and the stacks of up to two ranks (where gdb is found):
+        what a job that stopped making progress was doing."""
+        report = []
+        stacked = 0
+        for pid in sorted(mpi_launch._tagged_pids(self.tag)):
+            argv = _argv(pid)
+            report.append(f"{pid}: {' '.join(argv)[:160]}")
+            for task in sorted(glob.glob(f"/proc/{pid}/task/*")):
+                try:
+                    with open(f"{task}/stat") as f:
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                    with open(f"{task}/comm") as f:
+                        comm = f.read().strip()
+                    with open(f"{task}/wchan") as f:
+                        wchan = f.read()
+                except OSError:
+                    continue
+                report.append(f"  thread {os.path.basename(task)} {comm} "
+                              f"{state} {wchan}")
+            if (stacked < 2 and shutil.which("gdb")
+                    and argv and "python" in os.path.basename(argv[0])):
+                stacked += 1
+                try:
+                    stacks = subprocess.run(
+                        ["gdb", "-batch", "-p", str(pid),
+                         "-ex", "thread apply all bt 25"],
+                        capture_output=True, text=True, timeout=120).stdout
+                except subprocess.TimeoutExpired:
+                    stacks = "(gdb did not answer within 120 s)"
+                report.extend(line[:160] for line in stacks.splitlines()
+                              if line.startswith(("#", "Thread")))
+        return "\n".join(report)
 
     def listeners(self):
         """{pid: (argv, [(protocol, address, port)])} for every process of

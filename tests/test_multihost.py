@@ -12,7 +12,6 @@
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import mpi_launch
-from test_launch_exposure import _SOCKET_TABLES, _address
+from test_launch_exposure import _SOCKET_TABLES, _Job, _address
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -278,26 +277,17 @@ def test_with_a_network_interface_the_job_listens_only_on_it(hosts,
             str(release), "--user-server"]
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                **hosts.mpi_env())
-    job = subprocess.Popen(hosts[0].enter(argv, cwd=REPO), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, errors="replace")
-    lines = []
+    # Read in the background: a job that stops printing fails the test at
+    # the deadline instead of blocking it.
+    job = _Job(hosts[0].enter(argv, cwd=REPO), env)
     try:
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        while sum(line.startswith("ready rank") for line in lines) < 4:
-            line = job.stdout.readline()
-            assert line and time.monotonic() < deadline, "\n".join(lines)
-            lines.append(line.rstrip("\n"))
+        job.wait_for_lines("ready rank", 4, JOB_TIMEOUT_S)
         listeners = {host.name: _listeners_on(host) for host in hosts.hosts}
     finally:
         release.touch()
-        try:
-            lines += job.communicate(timeout=120)[0].splitlines()
-        except subprocess.TimeoutExpired:
-            job.kill()
-            lines += job.communicate()[0].splitlines()
-    output = "\n".join(lines)
-    assert job.returncode == 0, output
+    returncode = job.finish(120)
+    output = "\n".join(job.lines)
+    assert returncode == 0, output
     user_ports = {int(port) for port in re.findall(
         r"^user server rank \d port (\d+)$", output, re.MULTILINE)}
     assert len(user_ports) >= 2, output
