@@ -171,6 +171,23 @@ def report(result):
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+def bind_to_cpu_share(index, count):
+    """Binds this process to the index-th of `count` contiguous shares of
+    the CPUs it may run on, in CPU number order, when there are at least
+    `count` of them: as tfring binds the ranks of a host (which also keeps
+    each core's hardware threads together)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < count:
+        return
+    share = allowed[index * len(allowed) // count:
+                    (index + 1) * len(allowed) // count]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), share)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
 def train_and_report(mode, model_name="cnn", image_size=32, batch_size=32,
                      warmup_steps=20, steps=500, intra_op_threads=1,
                      process=0, barrier_dir=None, barrier_count=1):
@@ -184,6 +201,12 @@ def train_and_report(mode, model_name="cnn", image_size=32, batch_size=32,
     images per step. Steps after the first warmup_steps are timed; with
     barrier_dir, the processes wait for each other before timing starts.
     """
+    if mode in ("ceiling", "mwms", "mwms-shipped"):
+        # The other 2-process modes on the CPU shares tfring gives its ranks
+        # (TFRING_CPU_BINDING): the best these baselines can do here.
+        index = (json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+                 if mode != "ceiling" else process)
+        bind_to_cpu_share(index, 2)
     import tensorflow as tf
 
     if intra_op_threads > 0:

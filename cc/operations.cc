@@ -18,6 +18,7 @@
 #include "cc/api.h"
 #include "cc/background_loop.h"
 #include "cc/config.h"
+#include "cc/cpu_binding.h"
 #include "cc/data_path.h"
 #include "cc/job_config.h"
 #include "cc/logging.h"
@@ -195,6 +196,12 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   // Read at every init, so a job can change a knob between shutdown and init.
   state.config = Config::FromEnvironment();
   TFRING_RETURN_IF_ERROR(AdoptRootJobConfig(state.transport.get(), &state.config));
+  if (state.config.cpu_binding != 0) {
+    std::unique_ptr<MpiTransport> host_ranks, cross;
+    TFRING_RETURN_IF_ERROR(MpiTransport::CreateHostSplit(comm, &host_ranks, &cross));
+    std::vector<int> bound;
+    TFRING_RETURN_IF_ERROR(BindToCpuShare(host_ranks.get(), &bound));
+  }
   TFRING_RETURN_IF_ERROR(BuildProcessSets(state, sets, dynamic));
   InstallFinalizeHook(state);
   state.queue = std::make_shared<TensorQueue>();

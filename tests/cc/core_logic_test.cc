@@ -25,6 +25,7 @@
 
 #include <unistd.h>
 
+#include "cc/cpu_binding.h"
 #include "cc/fusion_planner.h"
 #include "cc/hierarchical_transport.h"
 #include "cc/loopback_transport.h"
@@ -1289,6 +1290,64 @@ void TestHierarchicalAllreduce(int size) {
   }
 }
 
+// CPU shares for `size` ranks on one host: disjoint, covering the CPUs,
+// sizes within one, whole cores where they divide evenly (hardware threads
+// numbered as Linux does: core c has CPUs c and c + cores); none where the
+// ranks may run on different CPUs or there are fewer CPUs than ranks.
+void TestCpuShares(int size) {
+  EXPECT_TRUE(CpuListToString({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8",
+              CpuListToString({0, 1, 2, 5, 7, 8}));
+  EXPECT_TRUE(CpuListToString({}).empty(), "empty list");
+  for (int cores : {size, size + 1, 2 * size, 13}) {
+    const int cpus = 2 * cores;
+    std::vector<int> all;
+    std::vector<CpuPlace> places;
+    for (int cpu = 0; cpu < cpus; ++cpu) {
+      all.push_back(cpu);
+      places.push_back(CpuPlace{cpu, 0, cpu % cores});
+    }
+    const std::vector<std::vector<int>> same(size, all);
+    std::set<int> covered;
+    for (int rank = 0; rank < size; ++rank) {
+      const std::vector<int> share = ChooseCpuShare(same, rank, places);
+      if (size == 1) {
+        EXPECT_TRUE(share.empty(), "one rank on the host is left alone");
+        continue;
+      }
+      EXPECT_TRUE(std::abs(static_cast<int>(share.size()) - cpus / size) <= 1,
+                  "rank " << rank << " got " << CpuListToString(share) << " of " << cpus);
+      for (int cpu : share) {
+        EXPECT_TRUE(covered.insert(cpu).second, "CPU " << cpu << " given twice");
+        if (cores % size == 0) {
+          const int sibling = cpu < cores ? cpu + cores : cpu - cores;
+          EXPECT_TRUE(std::count(share.begin(), share.end(), sibling) == 1,
+                      "rank " << rank << " has CPU " << cpu << " without its sibling "
+                              << sibling << ": " << CpuListToString(share));
+        }
+      }
+    }
+    if (size > 1) {
+      EXPECT_TRUE(static_cast<int>(covered.size()) == cpus, "shares cover " << covered.size());
+    }
+  }
+  if (size < 2) return;
+  std::vector<int> few;
+  for (int cpu = 0; cpu < size - 1; ++cpu) few.push_back(cpu);
+  EXPECT_TRUE(ChooseCpuShare(std::vector<std::vector<int>>(size, few), 0, {}).empty(),
+              "fewer CPUs than ranks");
+  // Each rank may run on enough CPUs, but not on the same ones.
+  std::vector<std::vector<int>> bound_each(size);
+  for (int rank = 0; rank < size; ++rank) {
+    for (int cpu = 0; cpu <= 2 * size; ++cpu) {
+      if (cpu != rank) bound_each[rank].push_back(cpu);
+    }
+  }
+  for (int rank = 0; rank < size; ++rank) {
+    EXPECT_TRUE(ChooseCpuShare(bound_each, rank, {}).empty(),
+                "ranks the launcher bound one by one are left alone");
+  }
+}
+
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
@@ -1301,6 +1360,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"duplicate_name_rejected", TestDuplicateNameRejected},
       {"peer_shutdown_fails_pending", TestPeerShutdownFailsPending},
       {"fusion_planner", TestFusionPlanner},
+      {"cpu_shares", TestCpuShares},
       {"half_conversions", TestHalfConversions},
       {"job_config_from_rank0", TestJobConfigFromRankZero},
       {"per_tensor_failure_on_one_rank", TestPerTensorFailureOnOneRank},
