@@ -9,7 +9,12 @@ of one group is much shorter. The groups and their cases (float32 data):
 allreduce
   * one tensor of 4 KiB, 256 KiB, 4 MiB and 64 MiB: mpi4py Allreduce in
     place and out of place vs tfring allreduce(op=Sum) eagerly and inside a
-    tf.function;
+    tf.function on a tensor held elsewhere (so tfring writes a separate
+    output), and, from 4 MiB, inside a tf.function on a fresh input, made
+    by a multiply in the same function as a gradient would be (tfring
+    reduces it in place; the multiply is timed alone in the same
+    repetitions and subtracted: "tfring allreduce tf.function, fresh
+    input");
   * the ResNet-50 gradient set (the shapes of ResNet50(weights=None)'s
     trainable variables): tfring in one tf.function (grouped_allreduce, and
     one allreduce per tensor) vs mpi4py one Allreduce per tensor vs mpi4py
@@ -119,9 +124,11 @@ def parse_args():
     return parser.parse_args()
 
 
-def single_tensor_variants(comm, num_bytes, with_floor=False):
+def single_tensor_variants(comm, num_bytes, with_floor=False,
+                           with_fresh=False):
     """mpi4py and tfring variants reducing one float32 tensor of num_bytes;
-    with_floor adds TensorFlow's own cost of calling a tf.function on it."""
+    with_floor adds TensorFlow's own cost of calling a tf.function on it,
+    with_fresh tfring on a fresh input (FRESH_LABELS)."""
     count = num_bytes // 4
     # Values every rank can sum exactly; the in-place buffer stays zero so
     # repeated in-place sums never grow.
@@ -152,6 +159,23 @@ def single_tensor_variants(comm, num_bytes, with_floor=False):
             return x * 2.0
 
         variants[FLOOR_LABEL] = lambda: scale_in_function(tensor)
+    if with_fresh:
+        # As a gradient in training: made inside the function, held by
+        # nothing else, so tfring reduces it in place.
+        one = tf.Variable(1.0)
+
+        @tf.function
+        def make_fresh(x):
+            return x * one
+
+        @tf.function
+        def reduce_fresh(x):
+            return hvd.allreduce(make_fresh(x), op=hvd.Sum)
+
+        total_label, make_label, _ = FRESH_LABELS["single"]
+        variants[total_label] = lambda: reduce_fresh(tensor)
+        variants[make_label] = lambda: make_fresh(tensor)
+        check("tfring fresh", reduce_fresh(tensor), expected)
     comm.Allreduce(src, dst)
     check("mpi4py", dst, expected)
     check("tfring eager", hvd.allreduce(tensor, op=hvd.Sum), expected)
@@ -213,7 +237,7 @@ def resnet50_variants(comm, shapes):
     # Gradients in training are fresh tensors that nothing else holds, so
     # tfring reduces them in place. Here they are made fresh by a multiply
     # inside the function; the same multiply alone is timed too, and the
-    # difference per repetition is tfring's share (FRESH_LABEL below).
+    # difference per repetition is tfring's share (FRESH_LABELS below).
     one = tf.Variable(1.0)
 
     @tf.function
@@ -231,8 +255,8 @@ def resnet50_variants(comm, shapes):
         "tfring grouped_allreduce tf.function": lambda: grouped(tensors),
         "tfring allreduce per tensor tf.function":
             lambda: one_op_per_tensor(tensors),
-        FRESH_TOTAL_LABEL: lambda: grouped_fresh(tensors),
-        FRESH_MAKE_LABEL: lambda: make_fresh(tensors),
+        FRESH_LABELS["grouped"][0]: lambda: grouped_fresh(tensors),
+        FRESH_LABELS["grouped"][1]: lambda: make_fresh(tensors),
     }
     for label, results in [("tfring grouped", grouped(tensors)),
                            ("tfring grouped fresh", grouped_fresh(tensors)),
@@ -248,18 +272,27 @@ def resnet50_variants(comm, shapes):
 # TensorFlow's floor for a lone op in a tf.function: the same call with a
 # multiply instead of the allreduce (no communication at all).
 FLOOR_LABEL = "(TensorFlow alone: tf.function x * 2)"
-FRESH_TOTAL_LABEL = "(making fresh inputs + tfring grouped)"
-FRESH_MAKE_LABEL = "(making fresh inputs alone)"
-FRESH_LABEL = "tfring grouped_allreduce, fresh inputs"
+# tfring on fresh inputs: (timed: make + reduce, timed: make alone, the
+# reported difference), for a single tensor and for the ResNet-50 set.
+FRESH_LABELS = {
+    "single": ("(making a fresh input + tfring allreduce)",
+               "(making a fresh input alone)",
+               "tfring allreduce tf.function, fresh input"),
+    "grouped": ("(making fresh inputs + tfring grouped)",
+                "(making fresh inputs alone)",
+                "tfring grouped_allreduce, fresh inputs"),
+}
 
 
 def add_fresh_difference(times):
-    """The ResNet-50 case's tfring time on fresh inputs: per repetition,
-    (make + reduce) - (make alone), both timed in the same repetition."""
-    total = np.asarray(times.pop(FRESH_TOTAL_LABEL))
-    make = np.asarray(times.pop(FRESH_MAKE_LABEL))
-    times[FRESH_LABEL] = np.maximum(total - make, 0.0)
-    times[FRESH_MAKE_LABEL] = make
+    """tfring's time on fresh inputs, where the case has it: per
+    repetition, (make + reduce) - (make alone), both timed in the same
+    repetition."""
+    for total_label, make_label, label in FRESH_LABELS.values():
+        if total_label in times:
+            total = np.asarray(times.pop(total_label))
+            make = np.asarray(times[make_label])
+            times[label] = np.maximum(total - make, 0.0)
 
 
 def main():
@@ -294,8 +327,10 @@ def main():
 
     if "allreduce" in args.cases:
         for num_bytes in SIZES:
-            run(f"allreduce {describe_size(num_bytes)}",
-                single_tensor_variants(comm, num_bytes))
+            add_fresh_difference(run(
+                f"allreduce {describe_size(num_bytes)}",
+                single_tensor_variants(comm, num_bytes,
+                                       with_fresh=num_bytes >= MIB)))
         shapes = resnet50_shapes()
         add_fresh_difference(
             run(f"ResNet-50 x{len(shapes)}", resnet50_variants(comm, shapes)))
