@@ -134,8 +134,7 @@ int BindAllThreads(const std::vector<int>& cpus) {
 
 }  // namespace
 
-Status BindToCpuShare(Transport* host_ranks, std::vector<int>* bound) {
-  bound->clear();
+Status BindToCpuShare(Transport* host_ranks) {
   const std::vector<int> allowed = AllowedCpus();
   std::vector<int64_t> all_masks;
   TFRING_RETURN_IF_ERROR(host_ranks->AllgatherInt64s(ToMask(allowed), &all_masks));
@@ -160,14 +159,12 @@ Status BindToCpuShare(Transport* host_ranks, std::vector<int>* bound) {
                                      << host_ranks->rank() << "'s share of "
                                      << CpuListToString(allowed) << " (TFRING_CPU_BINDING=0 "
                                                                     "leaves ranks unbound)");
-  *bound = share;
   return Status::OK();
 }
 
 #else
 
-Status BindToCpuShare(Transport* host_ranks, std::vector<int>* bound) {
-  bound->clear();
+Status BindToCpuShare(Transport* host_ranks) {
   (void)host_ranks;
   return Status::OK();
 }

@@ -49,10 +49,10 @@ std::vector<int> ChooseCpuShare(const std::vector<std::vector<int>>& allowed_by_
 std::string CpuListToString(const std::vector<int>& cpus);
 
 // Collective over `host_ranks` (this host's ranks, in local rank order):
-// binds this process to its share as described above. *bound is the share,
-// or empty where the binding was left alone. Failing to bind (no
-// permission) is logged and is not an error; only the exchange can fail.
-Status BindToCpuShare(Transport* host_ranks, std::vector<int>* bound);
+// binds this process to its share as described above, and logs the share at
+// info level. Failing to bind (no permission) is logged and is not an error;
+// only the exchange can fail.
+Status BindToCpuShare(Transport* host_ranks);
 
 }  // namespace tfring
 

@@ -199,8 +199,7 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   if (state.config.cpu_binding != 0) {
     std::unique_ptr<MpiTransport> host_ranks, cross;
     TFRING_RETURN_IF_ERROR(MpiTransport::CreateHostSplit(comm, &host_ranks, &cross));
-    std::vector<int> bound;
-    TFRING_RETURN_IF_ERROR(BindToCpuShare(host_ranks.get(), &bound));
+    TFRING_RETURN_IF_ERROR(BindToCpuShare(host_ranks.get()));
   }
   TFRING_RETURN_IF_ERROR(BuildProcessSets(state, sets, dynamic));
   InstallFinalizeHook(state);
