@@ -160,21 +160,9 @@ def single_tensor_variants(comm, num_bytes, with_floor=False,
 
         variants[FLOOR_LABEL] = lambda: scale_in_function(tensor)
     if with_fresh:
-        # As a gradient in training: made inside the function, held by
-        # nothing else, so tfring reduces it in place.
-        one = tf.Variable(1.0)
-
-        @tf.function
-        def make_fresh(x):
-            return x * one
-
-        @tf.function
-        def reduce_fresh(x):
-            return hvd.allreduce(make_fresh(x), op=hvd.Sum)
-
-        total_label, make_label, _ = FRESH_LABELS["single"]
-        variants[total_label] = lambda: reduce_fresh(tensor)
-        variants[make_label] = lambda: make_fresh(tensor)
+        fresh, reduce_fresh = fresh_variants(
+            lambda x: hvd.allreduce(x, op=hvd.Sum), tensor, "single")
+        variants.update(fresh)
         check("tfring fresh", reduce_fresh(tensor), expected)
     comm.Allreduce(src, dst)
     check("mpi4py", dst, expected)
@@ -234,20 +222,8 @@ def resnet50_variants(comm, shapes):
     def one_op_per_tensor(ts):
         return [hvd.allreduce(t, op=hvd.Sum) for t in ts]
 
-    # Gradients in training are fresh tensors that nothing else holds, so
-    # tfring reduces them in place. Here they are made fresh by a multiply
-    # inside the function; the same multiply alone is timed too, and the
-    # difference per repetition is tfring's share (FRESH_LABELS below).
-    one = tf.Variable(1.0)
-
-    @tf.function
-    def make_fresh(ts):
-        return [t * one for t in ts]
-
-    @tf.function
-    def grouped_fresh(ts):
-        return hvd.grouped_allreduce(make_fresh(ts), op=hvd.Sum)
-
+    fresh, grouped_fresh = fresh_variants(
+        lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum), tensors, "grouped")
     variants = {
         "mpi4py one Allreduce per tensor src->dst": lambda: per_tensor(dsts),
         "mpi4py one Allreduce per tensor in place": per_tensor_in_place,
@@ -255,8 +231,7 @@ def resnet50_variants(comm, shapes):
         "tfring grouped_allreduce tf.function": lambda: grouped(tensors),
         "tfring allreduce per tensor tf.function":
             lambda: one_op_per_tensor(tensors),
-        FRESH_LABELS["grouped"][0]: lambda: grouped_fresh(tensors),
-        FRESH_LABELS["grouped"][1]: lambda: make_fresh(tensors),
+        **fresh,
     }
     for label, results in [("tfring grouped", grouped(tensors)),
                            ("tfring grouped fresh", grouped_fresh(tensors)),
@@ -282,6 +257,28 @@ FRESH_LABELS = {
                 "(making fresh inputs alone)",
                 "tfring grouped_allreduce, fresh inputs"),
 }
+
+
+def fresh_variants(reduce, inputs, kind):
+    """tfring on fresh inputs, as gradients are in training: nothing else
+    holds them, so tfring reduces them in place. `inputs` (a tensor or a
+    list) are made fresh by a multiply inside a tf.function and passed to
+    `reduce`; the same multiply alone is timed too, and add_fresh_difference
+    reports the difference per repetition. Returns the two variants
+    (labelled by FRESH_LABELS[kind]) and the reducing function."""
+    one = tf.Variable(1.0)
+
+    @tf.function
+    def make_fresh(xs):
+        return tf.nest.map_structure(lambda x: x * one, xs)
+
+    @tf.function
+    def reduce_fresh(xs):
+        return reduce(make_fresh(xs))
+
+    total_label, make_label, _ = FRESH_LABELS[kind]
+    return ({total_label: lambda: reduce_fresh(inputs),
+             make_label: lambda: make_fresh(inputs)}, reduce_fresh)
 
 
 def add_fresh_difference(times):
