@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -13,8 +14,6 @@
 #if defined(__linux__)
 #include <dirent.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace tfring {
