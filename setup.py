@@ -1,12 +1,14 @@
 """Build and install tfring.
 
-tfring has three native artefacts (see docs/layout.md), and on Linux a fourth
-that tfringrun preloads into mpirun:
+tfring has three native artefacts (see docs/layout.md), and on Linux two
+libraries tfringrun preloads, one into mpirun, one into the ranks of a
+one-host job:
 
   tfring/libtfring_core.so      cc/*.cc, links MPI           RUNPATH: the MPI libdir
   tfring/_core<EXT_SUFFIX>      tfring/_core_module.cc       RUNPATH: $ORIGIN
   tfring/ops/libtfring_ops.so   tfring/ops/kernels/*.cc      RUNPATH: $ORIGIN/..:$ORIGIN/../../tensorflow
   tfring/libtfring_loopback_listeners.so  tfring/loopback_listeners.cc  (libc only)
+  tfring/libtfring_shared_heap.so         tfring/shared_heap.cc         (libc only)
 
 They are built by the `build_ext` command below with plain g++ rather than
 setuptools' Extension machinery, because setuptools compiles one file at a time,
@@ -56,7 +58,11 @@ ENV_JOBS = "TFRING_BUILD_JOBS"  # parallel compiles; default os.cpu_count()
 ENV_VERBOSE = "TFRING_BUILD_VERBOSE"  # 1: print every command line
 
 CXXFLAGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-Wall"]
-PRELOAD_NAME = "libtfring_loopback_listeners.so"
+# What tfringrun preloads (Linux): library name -> its one source file.
+PRELOADS = {
+    "libtfring_loopback_listeners.so": "tfring/loopback_listeners.cc",  # into mpirun
+    "libtfring_shared_heap.so": "tfring/shared_heap.cc",  # into one host's ranks
+}
 CORE_SONAME = "libtfring_core.so"
 
 TF_HELP = (
@@ -477,9 +483,8 @@ class build_ext(_setuptools_build_ext):
         module_source = "tfring/_core_module.cc"
         have_module = (ROOT / module_source).is_file()
         kernel_sources = sources("tfring/ops/kernels/*.cc")
-        preload_source = "tfring/loopback_listeners.cc"
-        preload_jobs = [CompileJob(preload_source, common)] if (
-            (ROOT / preload_source).is_file() and sys.platform.startswith("linux")) else []
+        preload_jobs = {name: CompileJob(source, common) for name, source in PRELOADS.items()
+                        if (ROOT / source).is_file() and sys.platform.startswith("linux")}
         if not core_sources:
             raise SetupError("no C++ sources in cc/: nothing to build the core from.")
 
@@ -507,7 +512,8 @@ class build_ext(_setuptools_build_ext):
         if not kernel_sources:
             log("skipping the op library: no tfring/ops/kernels/*.cc")
 
-        compiled = compile_all(core_jobs + module_jobs + kernel_jobs + preload_jobs, workers)
+        compiled = compile_all(
+            core_jobs + module_jobs + kernel_jobs + list(preload_jobs.values()), workers)
 
         # 1. The core: MPI only. --no-undefined: every symbol must resolve now.
         core = stage / CORE_SONAME
@@ -519,7 +525,7 @@ class build_ext(_setuptools_build_ext):
             f"-Wl,-soname,{CORE_SONAME}", "-Wl,--no-undefined",
             "-Wl,--enable-new-dtags",
             *([f"-Wl,-rpath,{':'.join(dict.fromkeys(core_rpath))}"] if core_rpath else []),
-            *mpi_lflags, "-lpthread"])
+            *mpi_lflags, "-lpthread", "-ldl"])
 
         outputs = {core: dest_root / "tfring" / CORE_SONAME}
         links_core = [f"-L{stage}", f"-l:{CORE_SONAME}", *rpath_link]
@@ -553,13 +559,16 @@ class build_ext(_setuptools_build_ext):
             check_core_imports(ops, core)
             outputs[ops] = dest_root / "tfring" / "ops" / "libtfring_ops.so"
 
-        # 4. What tfringrun preloads into mpirun for one-host jobs: libc only.
-        if preload_jobs:
-            preload = stage / PRELOAD_NAME
-            obj = preload_jobs[0].obj
-            linked |= link(preload, [obj], [
-                cxx, "-shared", "-o", str(preload), str(obj), "-Wl,--no-undefined", "-ldl"])
-            outputs[preload] = dest_root / "tfring" / PRELOAD_NAME
+        # 4. What tfringrun preloads into mpirun and into the ranks: libc only.
+        for name, job in preload_jobs.items():
+            preload = stage / name
+            # libstdc++ linked in: a preloaded library must not bring the
+            # system's into an environment that ships a newer one (conda).
+            linked |= link(preload, [job.obj], [
+                cxx, "-shared", "-o", str(preload), str(job.obj), "-Wl,--no-undefined",
+                "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
+                "-ldl", "-lpthread"])
+            outputs[preload] = dest_root / "tfring" / name
 
         for src, dst in outputs.items():
             install_file(src, dst)

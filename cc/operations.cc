@@ -354,6 +354,30 @@ bool SharedMemoryEnabled() {
   return state.loop != nullptr && state.data_path == DataPath::kSharedMemory;
 }
 
+namespace {
+
+// The global set's shared-memory transport, or null.
+const ShmTransport* GlobalShmTransport(const CoreState& state) {
+  if (state.loop == nullptr || state.data_path != DataPath::kSharedMemory) return nullptr;
+  return dynamic_cast<const ShmTransport*>(state.data_transport.get());
+}
+
+}  // namespace
+
+bool SharedHeapsEnabled() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  const ShmTransport* shm = GlobalShmTransport(state);
+  return shm != nullptr && shm->UsesPeerHeaps();
+}
+
+uint64_t DirectAllreduceSpans() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  const ShmTransport* shm = GlobalShmTransport(state);
+  return shm != nullptr ? shm->DirectSpans() : 0;
+}
+
 DataPath CurrentDataPath() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);

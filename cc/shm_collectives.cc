@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cc/reduce_kernels.h"
+#include "cc/shared_heap_info.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -71,7 +72,7 @@ bool IsSupportedOp(ReduceOp op) {
 
 size_t ShmCollectives::SegmentBytes(int size, size_t slot_bytes) {
   return ShmBarrier::Bytes(size) + 2 * static_cast<size_t>(size) * kExchangeAreaBytes +
-         static_cast<size_t>(size) * slot_bytes;
+         static_cast<size_t>(size) * (kSpanTableBytes + slot_bytes);
 }
 
 Status ShmCollectives::Attach(void* segment, size_t segment_bytes, int rank, int size,
@@ -113,9 +114,13 @@ char* ShmCollectives::ExchangeArea(uint64_t call, int rank) const {
   return segment_ + ShmBarrier::Bytes(size_) + (set * size_ + rank) * kExchangeAreaBytes;
 }
 
-char* ShmCollectives::Slot(int rank) const {
+char* ShmCollectives::SpanTable(int rank) const {
   return segment_ + ShmBarrier::Bytes(size_) + 2 * static_cast<size_t>(size_) * kExchangeAreaBytes +
-         static_cast<size_t>(rank) * slot_bytes_;
+         static_cast<size_t>(rank) * kSpanTableBytes;
+}
+
+char* ShmCollectives::Slot(int rank) const {
+  return SpanTable(size_) + static_cast<size_t>(rank) * slot_bytes_;
 }
 
 int64_t ShmCollectives::ChunkBytes() const {
@@ -132,7 +137,7 @@ int64_t ShmCollectives::SliceStart(int r, int64_t count, int64_t element_bytes) 
 void ShmCollectives::ReduceSlice(const std::vector<const char*>& sources,
                                  const std::vector<char*>& results, int64_t count,
                                  DataType dtype, ReduceOp op, double factor, int64_t divisor,
-                                 bool stream_first) {
+                                 uint64_t streamed) {
   const int64_t element_bytes = DataTypeSize(dtype);
   const int64_t block_elements = static_cast<int64_t>(kReduceBlockBytes) / element_bytes;
   const bool scale = factor != 1.0 || divisor != 1;
@@ -145,7 +150,7 @@ void ShmCollectives::ReduceSlice(const std::vector<const char*>& sources,
                   block_.data(), elements);
     if (scale) ScaleCopy(dtype, block_.data(), block_.data(), elements, factor, divisor);
     for (size_t i = 0; i < results.size(); ++i) {
-      if (i == 0 && stream_first) {
+      if (i < 64 && (streamed >> i & 1) != 0) {
         StreamCopy(results[i] + offset, block_.data(), elements * element_bytes);
       } else {
         std::memcpy(results[i] + offset, block_.data(), elements * element_bytes);
@@ -181,7 +186,99 @@ Status ShmCollectives::AllreduceSpans(const std::vector<ReduceSpan>& spans, Data
     total += span.count;
   }
   if (total == 0) return Status::OK();
-  return ChunkedAllreduce(spans, dtype, op);
+  if (!UsesHeaps()) return ChunkedAllreduce(spans, dtype, op);
+  std::vector<ReduceSpan> staged;
+  TFRING_RETURN_IF_ERROR(DirectAllreduce(spans, dtype, op, &staged));
+  return staged.empty() ? Status::OK() : ChunkedAllreduce(staged, dtype, op);
+}
+
+int64_t ShmCollectives::HeapOffset(const void* pointer, int64_t bytes) const {
+  const HeapView& own = heaps_[rank_];
+  const uintptr_t at = reinterpret_cast<uintptr_t>(pointer);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(own.data);
+  if (at < base || at - base > own.capacity ||
+      own.capacity - (at - base) < static_cast<uint64_t>(bytes)) {
+    return -1;
+  }
+  return static_cast<int64_t>(at - base);
+}
+
+Status ShmCollectives::DirectAllreduce(const std::vector<ReduceSpan>& spans, DataType dtype,
+                                       ReduceOp op, std::vector<ReduceSpan>* staged) {
+  const int64_t element_bytes = DataTypeSize(dtype);
+  auto big_enough = [&](const ReduceSpan& span) {
+    return span.count * element_bytes >= static_cast<int64_t>(kSharedHeapSmallestBytes);
+  };
+  // Only spans of heap size can lie in the heaps; every rank sees the same
+  // sizes, so every rank skips the table together.
+  if (std::none_of(spans.begin(), spans.end(), big_enough)) {
+    *staged = spans;
+    return Status::OK();
+  }
+  // This rank's table: the number of entries, then per span the heap
+  // offsets of its input and output (-1: not in the heap).
+  constexpr size_t kEntryWords = 2;
+  const size_t capacity = (kSpanTableBytes - kCacheLine) / (kEntryWords * sizeof(int64_t));
+  const size_t entries = std::min(spans.size(), capacity);
+  char* table = SpanTable(rank_);
+  std::vector<int64_t> words(kEntryWords * entries, -1);
+  for (size_t s = 0; s < entries; ++s) {
+    const ReduceSpan& span = spans[s];
+    if (!big_enough(span)) continue;
+    const int64_t bytes = span.count * element_bytes;
+    const int64_t input = HeapOffset(span.input, bytes);
+    const int64_t output = HeapOffset(span.output, bytes);
+    if (input < 0 || output < 0) continue;
+    words[kEntryWords * s] = input;
+    words[kEntryWords * s + 1] = output;
+  }
+  const uint64_t count = entries;
+  std::memcpy(table, &count, sizeof(count));
+  if (!words.empty()) std::memcpy(table + kCacheLine, words.data(), words.size() * sizeof(int64_t));
+  TFRING_RETURN_IF_ERROR(DataBarrier("allreduce"));
+
+  auto entry = [&](int q, size_t s, size_t word) {
+    int64_t value;
+    std::memcpy(&value, SpanTable(q) + kCacheLine + (kEntryWords * s + word) * sizeof(int64_t),
+                sizeof(value));
+    return value;
+  };
+  std::vector<const char*> sources(size_);
+  std::vector<char*> results(size_);
+  bool any_direct = false;
+  for (size_t s = 0; s < spans.size(); ++s) {
+    const ReduceSpan& span = spans[s];
+    bool direct = s < entries;
+    for (int q = 0; q < size_ && direct; ++q) direct = entry(q, s, 0) >= 0 && entry(q, s, 1) >= 0;
+    if (!direct) {
+      staged->push_back(span);
+      continue;
+    }
+    any_direct = true;
+    direct_spans_.fetch_add(1, std::memory_order_relaxed);
+    const int64_t begin = SliceStart(rank_, span.count, element_bytes);
+    const int64_t end = SliceStart(rank_ + 1, span.count, element_bytes);
+    if (begin == end) continue;
+    const int64_t at = begin * element_bytes;
+    // Outputs that differ from their inputs are written with streaming
+    // stores when the tensor is too big to stay in cache.
+    const bool big = span.count * element_bytes >= kStreamFromBytes;
+    uint64_t streamed = 0;
+    for (int q = 0; q < size_; ++q) {
+      const int64_t input = entry(q, s, 0);
+      const int64_t output = entry(q, s, 1);
+      sources[q] = heaps_[q].data + input + at;
+      results[q] = heaps_[q].data + output + at;
+      if (big && input != output && q < 64) streamed |= uint64_t{1} << q;
+    }
+    ReduceSlice(sources, results, end - begin, dtype, op, span.factor, span.divisor, streamed);
+  }
+  if (!any_direct) return Status::OK();
+  StreamFence();
+  // The slot path's first barrier, when there is one, comes after this
+  // rank's slices too.
+  if (!staged->empty()) return Status::OK();
+  return DataBarrier("allreduce");
 }
 
 namespace {
@@ -273,7 +370,8 @@ Status ShmCollectives::ChunkedAllreduce(const std::vector<ReduceSpan>& spans, Da
         sources[q] = q == rank_ ? static_cast<const char*>(span.input) + at : chunk_area(q, chunk) + area;
         if (q != rank_) results[next++] = chunk_area(q, chunk) + area;
       }
-      ReduceSlice(sources, results, n, dtype, op, span.factor, span.divisor, stream(span));
+      ReduceSlice(sources, results, n, dtype, op, span.factor, span.divisor,
+                  stream(span) ? 1 : 0);
     });
   };
   auto copy_out = [&](int64_t chunk) {

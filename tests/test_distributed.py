@@ -74,17 +74,18 @@ def _env(**extra):
     return env
 
 
-def _run_pytest(files, num_ranks, env):
+def _run_pytest(files, num_ranks, env, shared_heap=True):
     """One job: pytest on `files` (names in tests/distributed) at
-    `num_ranks` ranks; stops at the first failure (conftest aborts every
-    rank then)."""
+    `num_ranks` ranks, with the shared heap preloaded as tfringrun does on
+    one host unless `shared_heap` is false; stops at the first failure
+    (conftest aborts every rank then)."""
     argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p",
             "no:cacheprovider", "-o",
             f"faulthandler_timeout={STACK_DUMP_SECONDS}"]
     argv += [str(DISTRIBUTED / name) for name in files]
     timeout = TIMEOUT_BASE_SECONDS + TIMEOUT_PER_FILE_SECONDS * len(files)
     return mpi_launch.launch(argv, num_ranks, timeout, env=env,
-                             cwd=str(REPO))
+                             cwd=str(REPO), shared_heap=shared_heap)
 
 
 # Lines that name a failing test: conftest's banner on the rank that
@@ -119,6 +120,12 @@ def test_collectives_with_small_fusion_threshold():
     # Sizes just under, at and over a 4 KiB threshold, alone and in batches.
     _assert_passed(_run_pytest(["test_collectives.py"], 3,
                                _env(TFRING_FUSION_THRESHOLD="4096")))
+
+
+def test_collectives_without_the_shared_heap():
+    # Every tensor through the segment's slots, as under plain mpirun.
+    _assert_passed(_run_pytest(["test_collectives.py", "test_data_paths.py"],
+                               3, _env(), shared_heap=False))
 
 
 def test_process_sets_at_four_ranks():

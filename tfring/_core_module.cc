@@ -148,6 +148,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
   m.def("shm_enabled", &tfring::SharedMemoryEnabled);
+  m.def("shared_heaps_enabled", &tfring::SharedHeapsEnabled);
+  m.def("direct_allreduce_spans", &tfring::DirectAllreduceSpans,
+        "Tensors the global set has reduced straight from the ranks' shared heaps.");
   m.def(
       "data_path",
       [] {

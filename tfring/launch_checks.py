@@ -328,8 +328,9 @@ def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
                         host_entries=[], command=[
                             sys.executable, "-m", "tfring.launch_probes",
                             "allreduce"])
-        command = launch_command.mpirun_command(job, mpirun, environ, euid,
-                                                cpu_count)
+        command = launch_command.mpirun_command(
+            job, mpirun, environ, euid, cpu_count,
+            heap_library=launch_command.installed_heap_library())
         if args.verbose:
             print(f"  running: {shlex.join(command)}", file=out, flush=True)
         # Started as tfringrun starts a job (mpirun's listeners on loopback).

@@ -41,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "tfring/preload_self.h"
+
 namespace {
 
 using BindFunction = int (*)(int, const sockaddr*, socklen_t);
@@ -67,51 +69,14 @@ std::string ExecutableName() {
   return slash == nullptr ? exe : slash + 1;
 }
 
-// This library's own path, as the dynamic loader found it.
-std::string OwnPath() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&OwnPath), &info) == 0 || info.dli_fname == nullptr) {
-    return "";
-  }
-  return info.dli_fname;
-}
-
-std::vector<std::string> Split(const std::string& text, const char* separators) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find_first_of(separators, start);
-    if (end == std::string::npos) end = text.size();
-    if (end > start) parts.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return parts;
-}
-
-// LD_PRELOAD without this library (entries are separated by ':' or ' ').
-void RemoveSelfFromPreload() {
-  const char* preload = std::getenv("LD_PRELOAD");
-  const std::string self = OwnPath();
-  if (preload == nullptr || self.empty()) return;
-  std::string kept;
-  for (const std::string& entry : Split(preload, ": ")) {
-    if (entry != self) kept += (kept.empty() ? "" : ":") + entry;
-  }
-  if (kept.empty()) {
-    unsetenv("LD_PRELOAD");
-  } else {
-    setenv("LD_PRELOAD", kept.c_str(), 1);
-  }
-}
-
 __attribute__((constructor)) void Start() {
   const std::string name = ExecutableName();
   const char* spec = std::getenv("TFRING_LISTEN_ON");
-  if (spec != nullptr) ListenOn() = Split(spec, ",");
+  if (spec != nullptr) ListenOn() = tfring_preload::Split(spec, ",");
   if (name == "prterun" || name == "prted") {
     // A one-host job has no prted; its prterun binds to loopback.
     process = Process::kLauncher;
-    RemoveSelfFromPreload();
+    tfring_preload::RemoveSelfFromPreload(reinterpret_cast<const void*>(&Start));
   } else if (spec != nullptr) {
     process = Process::kRank;  // or anything a rank starts
   }

@@ -19,7 +19,8 @@ if ! command -v bazel >/dev/null || [[ ! -d /usr/share/bazel/rules/java ]]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q bazel-bootstrap bazel-rules-java >/dev/null
 fi
 
-targets=(//:tfring_core //:tfring_core_module //:tfring_ops //:tfring_loopback_listeners)
+targets=(//:tfring_core //:tfring_core_module //:tfring_ops //:tfring_loopback_listeners
+         //:tfring_shared_heap)
 echo "[bazel] bazel build ${targets[*]}"
 bazel build --noshow_progress "${targets[@]}"
 

@@ -297,8 +297,48 @@ void RunProcesses(int size, const ProcessOptions& options,
   }
 }
 
+// The direct path's heaps: one shared anonymous mapping per rank, made
+// before the ranks fork, so every rank sees every heap, as ranks that map
+// each other's shared heaps do (peer_heaps.h). A rank allocates from its
+// own with HeapAllocate.
+struct TestHeaps {
+  std::vector<HeapView> views;
+  int rank = -1;
+  size_t used = 0;
+};
+
+TestHeaps& Heaps() {
+  static auto* heaps = new TestHeaps();
+  return *heaps;
+}
+
+void MakeHeaps(int size, size_t bytes) {
+  TestHeaps& heaps = Heaps();
+  for (HeapView& view : heaps.views) munmap(view.data, view.capacity);
+  heaps = TestHeaps();
+  for (int q = 0; q < size && bytes > 0; ++q) {
+    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    EXPECT_TRUE(data != MAP_FAILED, "mmap of a test heap: " << std::strerror(errno));
+    heaps.views.push_back(HeapView{static_cast<char*>(data), bytes});
+  }
+}
+
+// `bytes` bytes of this rank's heap, page aligned, as the shared heap
+// hands out.
+char* HeapAllocate(size_t bytes) {
+  TestHeaps& heaps = Heaps();
+  const size_t rounded = (bytes + 4095) / 4096 * 4096;
+  EXPECT_TRUE(heaps.rank >= 0 && heaps.used + rounded <= heaps.views[heaps.rank].capacity,
+              "test heap exhausted");
+  char* at = heaps.views[heaps.rank].data + heaps.used;
+  heaps.used += rounded;
+  return at;
+}
+
 struct RankOptions {
   int size = 1;
+  // Bytes of each rank's heap; 0: no heaps, no direct path.
+  size_t heap_bytes = 0;
   size_t slot_bytes = kTestSlotBytes;
   std::chrono::nanoseconds timeout = kDataTimeout;
   // Name the ranks kJobRanks[r] instead of r.
@@ -319,6 +359,7 @@ void RunRanks(const RankOptions& options, const RankBody& body) {
   std::vector<int> job_ranks;
   for (int r = 0; r < size; ++r) job_ranks.push_back(options.job_ranks ? kJobRanks[r] : r);
   bool unlinked = false;
+  MakeHeaps(size, options.heap_bytes);
   RunProcesses(
       size, options.process,
       [&](int rank, Shared& shared) {
@@ -331,6 +372,10 @@ void RunRanks(const RankOptions& options, const RankBody& body) {
             ShmCollectives::Attach(mine->data(), mine->size(), rank, size, options.slot_bytes,
                                    job_ranks, options.timeout, &shm);
         EXPECT_TRUE(attached.ok(), attached.message());
+        if (!Heaps().views.empty()) {
+          Heaps().rank = rank;
+          shm->UseHeaps(Heaps().views);
+        }
         body(rank, *shm, shared);
       },
       [&](Shared& shared) {
@@ -676,6 +721,120 @@ void AllreduceSpansEveryDtype() {
                             what + ": the input of tensor " + std::to_string(t));
           }
         }
+      });
+    }
+  }
+}
+
+// The direct path (UseHeaps): spans in every rank's heap are reduced from
+// the ranks' inputs into their outputs, the others (small, or outside the
+// heap on some rank) through the slots, in one call; every result equals the
+// reference bit for bit, inputs held elsewhere stay untouched, and the
+// engine counts exactly the spans that could go direct.
+void AllreduceDirectSpans() {
+  constexpr int64_t kHeapFrom = 64 * 1024;
+  enum class Place { kHeap, kHeapInPlace, kPrivate, kPrivateOnLastRank };
+  for (int size = 1; size <= 3; ++size) {
+    for (DataType dtype : kDtypes) {
+      const ReduceOp op = kOps[(static_cast<int>(dtype) + size) % 4];
+      const int64_t element_bytes = DataTypeSize(dtype);
+      const bool real = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+                        dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+      std::mt19937_64 random(static_cast<uint64_t>(dtype) * 11 + size);
+      struct Plan {
+        int64_t count;
+        Place place;
+        double factor;
+        int64_t divisor;
+      };
+      std::vector<Plan> plans;
+      uint64_t expected_direct = 0;
+      for (int t = 0; t < 16; ++t) {
+        const int64_t counts[] = {7, kHeapFrom / element_bytes - 1, kHeapFrom / element_bytes,
+                                  kHeapFrom / element_bytes + 1 +
+                                      static_cast<int64_t>(random() % 99991),
+                                  static_cast<int64_t>(random() % 300000) + kHeapFrom};
+        Plan plan{counts[random() % 5], static_cast<Place>(random() % 4), 1.0, 1};
+        if (random() % 3 == 0) {
+          plan.divisor = size;
+          if (real) plan.factor = 0.25;
+        }
+        // kPrivateOnLastRank: in the heap on every rank but the last.
+        const bool heap = plan.place == Place::kHeap || plan.place == Place::kHeapInPlace;
+        if (heap && plan.count * element_bytes >= kHeapFrom) ++expected_direct;
+        plans.push_back(plan);
+      }
+      RankOptions options;
+      options.size = size;
+      options.heap_bytes = 64 << 20;
+      RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+        std::vector<std::vector<Bytes>> inputs(plans.size());  // [tensor][rank]
+        std::vector<Bytes> privates(plans.size()), private_outputs(plans.size());
+        std::vector<ReduceSpan> spans;
+        std::vector<char*> outputs;
+        std::vector<const char*> held;  // separate inputs, to check untouched
+        for (size_t t = 0; t < plans.size(); ++t) {
+          for (int q = 0; q < size; ++q) {
+            inputs[t].push_back(RandomInput(dtype, op, plans[t].count, t * 37 + q * 5 + 3));
+          }
+          const size_t bytes = plans[t].count * element_bytes;
+          const bool heap = plans[t].place == Place::kHeap ||
+                            plans[t].place == Place::kHeapInPlace ||
+                            (plans[t].place == Place::kPrivateOnLastRank && rank != size - 1);
+          const bool in_place = plans[t].place == Place::kHeapInPlace;
+          char* input;
+          if (heap) {
+            input = HeapAllocate(bytes);
+            std::memcpy(input, inputs[t][rank].data(), bytes);
+          } else {
+            privates[t] = inputs[t][rank];
+            input = reinterpret_cast<char*>(privates[t].data());
+          }
+          char* output = input;
+          if (!in_place) {
+            private_outputs[t].assign(bytes, kFill);
+            output =
+                heap ? HeapAllocate(bytes) : reinterpret_cast<char*>(private_outputs[t].data());
+            std::memset(output, kFill, bytes);
+          }
+          ReduceSpan span;
+          span.input = input;
+          span.output = output;
+          span.count = plans[t].count;
+          span.factor = plans[t].factor;
+          span.divisor = plans[t].divisor;
+          spans.push_back(span);
+          outputs.push_back(output);
+          held.push_back(in_place ? nullptr : input);
+        }
+        const std::string what = std::string("direct spans of ") + DataTypeName(dtype) + " " +
+                                 ReduceOpName(op) + " on " + std::to_string(size) + " ranks";
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          if (repeat == 1) {  // again, over the results: the same call twice
+            for (size_t t = 0; t < plans.size(); ++t) {
+              std::memcpy(const_cast<void*>(spans[t].input), inputs[t][rank].data(),
+                          plans[t].count * element_bytes);
+            }
+          }
+          const Status status = shm.AllreduceSpans(spans, dtype, op);
+          EXPECT_TRUE(status.ok(), what << ": " << status.message());
+          for (size_t t = 0; t < plans.size(); ++t) {
+            const size_t bytes = plans[t].count * element_bytes;
+            Bytes expected = Reference(dtype, op, inputs[t], plans[t].count);
+            ScaleCopy(dtype, expected.data(), expected.data(), plans[t].count, plans[t].factor,
+                      plans[t].divisor);
+            const int64_t at = FirstDifference(expected.data(), outputs[t], bytes);
+            EXPECT_TRUE(at < 0, what << ": tensor " << t << " of " << plans[t].count
+                                     << " elements differs at byte " << at);
+            if (held[t] != nullptr) {
+              ExpectSameBytes(inputs[t][rank].data(), held[t], bytes,
+                              what + ": the input of tensor " + std::to_string(t));
+            }
+          }
+        }
+        EXPECT_TRUE(shm.DirectSpans() == 2 * expected_direct,
+                    what << ": " << shm.DirectSpans() << " spans went direct, not "
+                         << 2 * expected_direct);
       });
     }
   }
@@ -1096,7 +1255,10 @@ void ExpectBrokenBy(ShmCollectives& shm, const Status& status, const std::string
 // two ways: the victim kills itself instead of making the call (the others
 // are in it already), or the parent kills it while every rank loops on calls
 // (so it usually dies inside one).
-void DeadPeer(bool exchange) {
+enum class DeadPeerCall { kExchange, kAllreduce, kDirectAllreduce };
+
+void DeadPeer(DeadPeerCall kind) {
+  const bool exchange = kind == DeadPeerCall::kExchange;
   const std::string what = exchange ? "negotiation step" : "allreduce";
   for (int size = 2; size <= 3; ++size) {
     for (int victim : {size - 1, 0}) {
@@ -1107,17 +1269,23 @@ void DeadPeer(bool exchange) {
         options.timeout = std::chrono::seconds(30);
         options.process.deadline = std::chrono::seconds(30);
         options.process.may_be_killed = {victim};
+        if (kind == DeadPeerCall::kDirectAllreduce) options.heap_bytes = 1 << 20;
         if (by_parent) {
           options.process.kill_rank = victim;
           options.process.kill_after = std::chrono::milliseconds(150);
         }
         RunRanks(options, [&](int rank, ShmCollectives& shm, Shared& shared) {
-          std::vector<float> data(50001, 1.0f);
+          std::vector<float> private_data(50001, 1.0f);
+          float* data = private_data.data();
+          if (kind == DeadPeerCall::kDirectAllreduce) {
+            data = reinterpret_cast<float*>(HeapAllocate(private_data.size() * sizeof(float)));
+            std::fill(data, data + private_data.size(), 1.0f);
+          }
           Views views;
           bool fits = false;
           auto call = [&] {
-            return exchange ? shm.Exchange(data.data(), 64, &views, &fits)
-                            : shm.Allreduce(data.data(), data.data(), data.size(),
+            return exchange ? shm.Exchange(data, 64, &views, &fits)
+                            : shm.Allreduce(data, data, private_data.size(),
                                             DataType::kFloat32, ReduceOp::kMax);
           };
           for (int i = 0; i < 3; ++i) {
@@ -1420,14 +1588,16 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
       {"allreduce_float64", [] { AllreduceEveryOp(DataType::kFloat64); }},
       {"allreduce_tiny_slot", AllreduceTinySlot},
       {"allreduce_spans", AllreduceSpansEveryDtype},
+      {"allreduce_direct_spans", AllreduceDirectSpans},
       {"round_calls", RoundCalls},
       {"many_mixed_calls", ManyMixedCalls},
       {"broadcast_every_root", BroadcastEveryRoot},
       {"allgatherv_layouts", AllgathervLayouts},
       {"exchange_messages", ExchangeMessages},
       {"barrier_across_processes", BarrierAcrossProcesses},
-      {"dead_peer_allreduce", [] { DeadPeer(/*exchange=*/false); }},
-      {"dead_peer_exchange", [] { DeadPeer(/*exchange=*/true); }},
+      {"dead_peer_allreduce", [] { DeadPeer(DeadPeerCall::kAllreduce); }},
+      {"dead_peer_direct_allreduce", [] { DeadPeer(DeadPeerCall::kDirectAllreduce); }},
+      {"dead_peer_exchange", [] { DeadPeer(DeadPeerCall::kExchange); }},
       {"peer_timeout", PeerTimeout},
       {"attach_errors", AttachErrors},
       {"segment_errors", SegmentErrors},
