@@ -6,6 +6,7 @@ whose label contains "in place" leaves its result where its input was; the
 others write a separate output, as tfring does.
 """
 
+import mmap
 import time
 
 import numpy as np
@@ -51,6 +52,23 @@ def rank_data(rank, shape):
     rebuild any rank's data and sums over ranks are exact."""
     rng = np.random.default_rng(1000 + rank)
     return rng.integers(0, 1024, size=shape).astype(np.float32)
+
+
+def private_array(shape, dtype=np.float32, fill=0):
+    """An array for a raw-MPI baseline, in private anonymous memory with
+    transparent huge pages where it is large, as NumPy's own allocation is
+    without tfring: under tfringrun the ranks' malloc serves large blocks
+    from the shared heap (shared memory, no huge pages), which would make
+    the baseline slower than it can be."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    memory = mmap.mmap(-1, max(count * dtype.itemsize, 1),
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if count * dtype.itemsize >= 4 * MIB and hasattr(mmap, "MADV_HUGEPAGE"):
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    array = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+    array[...] = fill
+    return array
 
 
 def describe_size(num_bytes):

@@ -88,7 +88,7 @@ import tfring._core  # noqa: E402
 # Helpers next to this script (its directory is first on sys.path).
 import _gather_scatter as gs  # noqa: E402
 from _timing import (KIB, MIB, check, describe_size, measure,  # noqa: E402
-                     print_table)
+                     print_table, private_array)
 
 CASE_GROUPS = ("allreduce", "allgather", "alltoall", "reducescatter")
 SIZES = (4 * KIB, 256 * KIB, 4 * MIB, 64 * MIB)
@@ -132,9 +132,9 @@ def single_tensor_variants(comm, num_bytes, with_floor=False,
     count = num_bytes // 4
     # Values every rank can sum exactly; the in-place buffer stays zero so
     # repeated in-place sums never grow.
-    src = np.full(count, comm.Get_rank() + 1, dtype=np.float32)
-    dst = np.empty_like(src)
-    in_place = np.zeros_like(src)
+    src = private_array(count, fill=comm.Get_rank() + 1)
+    dst = private_array(count)
+    in_place = private_array(count)
     tensor = tf.constant(src)
     expected = np.full(count, comm.Get_size() * (comm.Get_size() + 1) / 2,
                        dtype=np.float32)
@@ -189,11 +189,11 @@ def resnet50_variants(comm, shapes):
     """Variants reducing the ResNet-50 gradient set."""
     value = comm.Get_rank() + 1
     expected_value = comm.Get_size() * (comm.Get_size() + 1) / 2
-    srcs = [np.full(s, value, dtype=np.float32) for s in shapes]
-    dsts = [np.empty_like(a) for a in srcs]
-    in_place = [np.zeros_like(a) for a in srcs]
+    srcs = [private_array(s, fill=value) for s in shapes]
+    dsts = [private_array(s) for s in shapes]
+    in_place = [private_array(s) for s in shapes]
     tensors = [tf.constant(a) for a in srcs]
-    packed = np.empty(sum(a.size for a in srcs), dtype=np.float32)
+    packed = private_array(sum(a.size for a in srcs))
     views, offset = [], 0
     for a in srcs:
         views.append(packed[offset:offset + a.size].reshape(a.shape))

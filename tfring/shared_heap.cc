@@ -26,10 +26,12 @@
 //    (to merge neighbours) and by size (best fit), the used blocks by
 //    address, and `top`, below which memory has been handed out. When
 //    nothing fits, the request goes to glibc and counts as a fallback.
-//  - Memory goes back to the system when a free block (after merging)
-//    reaches 64 MiB, or 64 MiB above `top` may hold old data: its pages are
-//    punched out of the file (MADV_REMOVE), so a rank's footprint does not
-//    stay at its peak. Smaller free blocks keep their pages for reuse.
+//  - Freed memory keeps its pages for reuse up to kRetainedBytes (512 MiB):
+//    the blocks a training step frees and allocates again then cost no
+//    page faults, which in shared memory cost more than in private memory.
+//    Beyond that the largest free ranges that may hold data are punched
+//    out of the file (MADV_REMOVE), so a rank's footprint does not stay at
+//    its peak.
 //  - fork: a child must not share the parent's heap (they would write each
 //    other's memory), so in its fork handler the child copies the blocks in
 //    use into private memory at the same addresses, reserves the rest of
@@ -87,9 +89,11 @@ namespace {
 // the gap below the block, which stays free for others.
 constexpr size_t kHeapAlignment = 4096;
 constexpr size_t kLargestAlignment = size_t{2} << 20;
-// A free block this large, or this much memory above `top` that may hold
-// old data, gives its pages back.
-constexpr uint64_t kReleaseBytes = uint64_t{64} << 20;
+// Freed memory keeps its pages up to this many bytes (below and above
+// `top`), so the blocks a training step frees and allocates again (its
+// tensors, MPI's temporary buffers) cost no page faults; beyond it the
+// largest dirty free blocks give their pages back.
+constexpr uint64_t kRetainedBytes = uint64_t{512} << 20;
 constexpr uint64_t kCapacityUnit = uint64_t{2} << 20;
 constexpr uint64_t kNoBlock = ~uint64_t{0};
 
@@ -285,12 +289,42 @@ class Heap {
   void AddFree(uint64_t offset, uint64_t size, bool released) {
     free_by_offset_.emplace(offset, FreeBlock{size, released});
     free_by_size_.emplace(size, offset);
+    if (!released) {
+      dirty_by_size_.emplace(size, offset);
+      dirty_free_bytes_ += size;
+    }
   }
 
-  // Removes a free block from both tables; the next one by address.
+  // Removes a free block from the tables; the next one by address.
   OffsetMap<FreeBlock>::iterator RemoveFree(OffsetMap<FreeBlock>::iterator block) {
     free_by_size_.erase({block->second.size, block->first});
+    if (!block->second.released) {
+      dirty_by_size_.erase({block->second.size, block->first});
+      dirty_free_bytes_ -= block->second.size;
+    }
     return free_by_offset_.erase(block);
+  }
+
+  // Gives pages back, largest dirty range first, until at most
+  // kRetainedBytes of freed memory keep theirs.
+  void Trim() {
+    while (dirty_free_bytes_ + (high_water_ - top_) > kRetainedBytes) {
+      const uint64_t above_top = high_water_ - top_;
+      const bool have_block = !dirty_by_size_.empty();
+      if (above_top > 0 && (!have_block || above_top >= dirty_by_size_.rbegin()->first)) {
+        if (!Punch(top_, above_top)) return;
+        high_water_ = top_;
+        continue;
+      }
+      if (!have_block) return;
+      const uint64_t offset = dirty_by_size_.rbegin()->second;
+      const auto block = free_by_offset_.find(offset);
+      const uint64_t size = block->second.size;
+      RemoveFree(block);
+      const bool punched = Punch(offset, size);
+      AddFree(offset, size, punched);
+      if (!punched) return;
+    }
   }
 
   // Punches [offset, offset + bytes) out of the file: its pages go back to
@@ -301,48 +335,29 @@ class Heap {
   }
 
   // [offset, offset + bytes), just out of use, becomes free: merged with
-  // the free blocks on either side, or with the untouched memory at `top`
-  // when it reaches it; then pages go back if the result is large.
+  // the free blocks on either side (the merged block may hold data), or
+  // with the memory at `top` when it reaches it; then Trim.
   void Release(uint64_t offset, uint64_t bytes) {
     uint64_t start = offset;
     uint64_t end = offset + bytes;
-    // The parts of the merged block that may hold data.
-    std::pair<uint64_t, uint64_t> dirty[3];
-    int dirty_count = 0;
-    dirty[dirty_count++] = {offset, bytes};
     auto next = free_by_offset_.lower_bound(offset);
     if (next != free_by_offset_.end() && next->first == end) {
-      if (!next->second.released) dirty[dirty_count++] = {next->first, next->second.size};
       end += next->second.size;
       next = RemoveFree(next);
     }
     if (next != free_by_offset_.begin()) {
       const auto previous = std::prev(next);
       if (previous->first + previous->second.size == start) {
-        if (!previous->second.released) {
-          dirty[dirty_count++] = {previous->first, previous->second.size};
-        }
         start = previous->first;
         RemoveFree(previous);
       }
     }
     if (end == top_) {
-      // Back to untouched memory; all above `top` goes back once it is
-      // worth the system call.
-      top_ = start;
-      if (high_water_ - top_ >= kReleaseBytes && Punch(top_, high_water_ - top_)) {
-        high_water_ = top_;
-      }
-      return;
+      top_ = start;  // [top_, high_water_) may hold data
+    } else {
+      AddFree(start, end - start, false);
     }
-    bool released = false;
-    if (end - start >= kReleaseBytes) {
-      released = true;
-      for (int i = 0; i < dirty_count; ++i) {
-        released = Punch(dirty[i].first, dirty[i].second) && released;
-      }
-    }
-    AddFree(start, end - start, released);
+    Trim();
   }
 
   // MakePrivate's way without a scratch mapping: each used block a buffer
@@ -381,6 +396,11 @@ class Heap {
   std::set<std::pair<uint64_t, uint64_t>, std::less<std::pair<uint64_t, uint64_t>>,
            LibcAllocator<std::pair<uint64_t, uint64_t>>>
       free_by_size_;  // (size, offset)
+  // The free blocks that may hold data, (size, offset), and their bytes.
+  std::set<std::pair<uint64_t, uint64_t>, std::less<std::pair<uint64_t, uint64_t>>,
+           LibcAllocator<std::pair<uint64_t, uint64_t>>>
+      dirty_by_size_;
+  uint64_t dirty_free_bytes_ = 0;
   OffsetMap<uint64_t> used_;  // offset -> size
 };
 

@@ -406,8 +406,9 @@ void CallocZeroes() {
   EXPECT_TRUE(zeroed == dirty, "calloc should reuse the free block");
   ExpectAll(zeroed, kMiB, 0, "calloc of a reused dirty block");
   free(zeroed);
-  // A released free block (64 MiB and more: punched out).
-  const size_t big = 96 * kMiB;
+  // A released free block (beyond the 512 MiB the heap retains: punched
+  // out).
+  const size_t big = 640 * kMiB;
   char* large = static_cast<char*>(malloc(big));
   char* guard2 = static_cast<char*>(malloc(kSmallest));
   std::memset(large, 0xCD, big);
@@ -417,7 +418,7 @@ void CallocZeroes() {
   ExpectAll(large_zeroed, big, 0, "calloc of a released block");
   free(large_zeroed);
   free(guard2);
-  // Freed at the top, kept dirty (under 64 MiB).
+  // Freed at the top, kept dirty (within what the heap retains).
   char* top = static_cast<char*>(malloc(2 * kMiB));
   std::memset(top, 0xEF, 2 * kMiB);
   free(top);
@@ -440,20 +441,22 @@ void CallocZeroes() {
 
 void ReleaseMemory() {
   const int fd = Info().fd;
-  // A large free block below the top gives its pages back.
-  const size_t big = 128 * kMiB;
+  // A free block below the top beyond the 512 MiB the heap retains gives
+  // its pages back.
+  const size_t big = 640 * kMiB;
   char* large = static_cast<char*>(malloc(big));
   char* guard = static_cast<char*>(malloc(kSmallest));
   std::memset(large, 1, big);
   std::memset(guard, 1, kSmallest);
   const uint64_t filled = FileBytes(fd);
-  EXPECT_TRUE(filled >= big, "the memfd holds " << filled << " bytes after a 128 MiB memset");
+  EXPECT_TRUE(filled >= big, "the memfd holds " << filled << " bytes after a 640 MiB memset");
   free(large);
   const uint64_t after_free = FileBytes(fd);
-  EXPECT_TRUE(after_free + big <= filled, "freeing 128 MiB left the memfd at "
+  EXPECT_TRUE(after_free + big <= filled, "freeing 640 MiB left the memfd at "
                                               << after_free << " bytes (was " << filled
                                               << ")");
-  // A small free block keeps its pages.
+  // A smaller free block keeps its pages, and so does one freed at the top
+  // within what is retained.
   char* small = static_cast<char*>(malloc(8 * kMiB));
   EXPECT_TRUE(small == large, "the released block is not reused");
   char* guard2 = static_cast<char*>(malloc(kSmallest));
@@ -469,7 +472,7 @@ void ReleaseMemory() {
   const uint64_t with_top = FileBytes(fd);
   free(top);
   const uint64_t after_top = FileBytes(fd);
-  EXPECT_TRUE(after_top + big <= with_top, "freeing 128 MiB at the top left the memfd at "
+  EXPECT_TRUE(after_top + big <= with_top, "freeing 640 MiB at the top left the memfd at "
                                                << after_top << " bytes (was " << with_top
                                                << ")");
 }
@@ -639,7 +642,7 @@ void Threads() {
         continue;
       }
       // Sizes from 16 bytes to 8 MiB, spread evenly in log scale, and now
-      // and then one of 64 MiB or more (whose pages go back when freed).
+      // and then one of 64 MiB or more.
       const size_t bytes = random() % 4096 == 0 ? 64 * kMiB : size_t{16} << (random() % 19);
       const size_t jitter = random() % bytes;
       slot.bytes = bytes + jitter;

@@ -18,7 +18,8 @@
 //        shm_collectives_test bench <ranks> <MiB> [slot KiB]
 // Prints "PASS <scenario>" or "FAIL <scenario>: why" per scenario and exits
 // non-zero if any failed; `bench` prints median and best times of a float32
-// Sum (chunked, chunked in place, as spans) next to a memcpy of the same bytes
+// Sum (chunked, chunked in place, as spans, direct from heaps and direct in
+// place) next to a memcpy of the same bytes
 // (no assertions). Driven from tests/test_shm_collectives.py.
 
 #include <signal.h>
@@ -1512,7 +1513,9 @@ Timing Summarize(std::vector<double> seconds) {
 }
 
 // Per call, the slowest rank's time of `mode` (float32 Sum of `count`).
-Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations) {
+// `direct`: the buffers lie in the ranks' heaps (the direct path).
+Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations,
+                 bool direct = false) {
   SharedMemory times(sizeof(double) * size * iterations);
   double* seconds = reinterpret_cast<double*>(times.data());
   RankOptions options;
@@ -1520,10 +1523,22 @@ Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iter
   options.slot_bytes = slot_bytes;
   options.timeout = std::chrono::seconds(60);
   options.process.deadline = std::chrono::seconds(300);
+  if (direct) options.heap_bytes = 2 * (count * sizeof(float) + 4096);
   RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
-    std::vector<float> input(count, 1.0f + rank), output(count);
-    float* from = input.data();
-    float* to = output.data();
+    std::vector<float> input, output;
+    float* from;
+    float* to;
+    if (direct) {
+      from = reinterpret_cast<float*>(HeapAllocate(count * sizeof(float)));
+      to = reinterpret_cast<float*>(HeapAllocate(count * sizeof(float)));
+      std::fill(from, from + count, 1.0f + rank);
+      std::fill(to, to + count, 0.0f);
+    } else {
+      input.assign(count, 1.0f + rank);
+      output.assign(count, 0.0f);
+      from = input.data();
+      to = output.data();
+    }
     if (mode == Mode::kInPlace) to = from;
     // As a round of gradients: the same bytes in tensors of uneven sizes.
     const std::vector<ReduceSpan> spans =
@@ -1564,6 +1579,8 @@ int Bench(int size, double mib, size_t slot_kib) {
   line("chunked in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations));
   const std::string spans = "spans (" + std::to_string(kBenchTensors) + " tensors):";
   line(spans.c_str(), BenchMode(size, count, slot_bytes, Mode::kSpans, iterations));
+  line("direct:", BenchMode(size, count, slot_bytes, Mode::kChunked, iterations, true));
+  line("direct in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations, true));
   std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
   std::vector<double> seconds;
   for (int i = -2; i < iterations; ++i) {
