@@ -126,7 +126,9 @@ def allreduce_probe():
         report["thread_level"] = _THREAD_LEVELS[MPI.Query_thread()]
         rank, size = tfring.rank(), tfring.size()
         report.update(rank=rank, size=size, local_size=tfring.local_size(),
-                      shm=tfring.shm_enabled(), nccl=tfring.nccl_built())
+                      shm=tfring.shm_enabled(),
+                      shared_heap=tfring.shared_heap_enabled(),
+                      nccl=tfring.nccl_built())
         report["config"] = {entry["env"]: entry["value"]
                             for entry in _core.config()}
         floats, ints = allreduce_values(rank)
