@@ -16,22 +16,26 @@ KIB = 1024
 MIB = 1024 * KIB
 
 
-def measure(comm, variants, repeats):
+def measure(comm, variants, repeats, run_length=1):
     """Times `variants` ({label: fn}) interleaved; returns {label: seconds[]}
-    with, for each repetition, the time of the slowest rank."""
+    with, for each repetition, the time of the slowest rank. With
+    `run_length` > 1 each variant runs that many repetitions in a row (each
+    timed on its own, after a barrier) before the next variant's turn, as a
+    loop calls one op after another; `repeats` counts them all."""
     labels = list(variants)
     for label in labels:
         for _ in range(2):
             comm.Barrier()
             variants[label]()
     times = {label: [] for label in labels}
-    for r in range(repeats):
+    for r in range(max(1, repeats // run_length)):
         shift = r % len(labels)
         for label in labels[shift:] + labels[:shift]:
-            comm.Barrier()
-            start = time.perf_counter()
-            variants[label]()
-            times[label].append(time.perf_counter() - start)
+            for _ in range(run_length):
+                comm.Barrier()
+                start = time.perf_counter()
+                variants[label]()
+                times[label].append(time.perf_counter() - start)
     every_rank = comm.allgather(times)
     return {label: np.max([t[label] for t in every_rank], axis=0)
             for label in labels}

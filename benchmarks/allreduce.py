@@ -26,7 +26,9 @@ allreduce
     grouped_allreduce, fresh inputs");
   * the latency of a lone 4 KiB allreduce, over many repetitions, next to
     TensorFlow's own floor: the same tf.function call with a multiply
-    instead of the allreduce.
+    instead of the allreduce; once with the variants interleaved call by
+    call, once in runs of LOOP_RUN_LENGTH calls of each variant, as a loop
+    calls one op after another ("4 KiB latency in loops").
 allgather
   * one tensor, 4 KiB, 4 MiB and 64 MiB of output (each rank gives
     1/size): mpi4py Allgather and Allgatherv into a preallocated output, and
@@ -92,6 +94,13 @@ from _timing import (KIB, MIB, check, describe_size, measure,  # noqa: E402
 
 CASE_GROUPS = ("allreduce", "allgather", "alltoall", "reducescatter")
 SIZES = (4 * KIB, 256 * KIB, 4 * MIB, 64 * MIB)
+# The lone 4 KiB allreduce again, each variant called this many times in a
+# row (each call timed alone, after a barrier) before the next one's turn,
+# as a loop calls the same op: the case above interleaves the variants call
+# by call, so each call starts with the other variants' code and data in the
+# caches.
+LOOP_CASE = "4 KiB latency in loops"
+LOOP_RUN_LENGTH = 10
 SHARD_SIZES = (4 * KIB, 4 * MIB, 64 * MIB)  # allgather, alltoall, ...
 SMALL_COUNT, SMALL_BYTES = 100, 1 * KIB  # the many-small-tensors cases
 RESNET50_TENSORS = 214
@@ -316,10 +325,10 @@ def main():
         print(flush=True)
 
     started = time.perf_counter()
-    results, latency, shapes = [], None, None
+    results, latencies, shapes = [], [], None
 
-    def run(case, variants, repeats=args.repeats):
-        results.append((case, measure(comm, variants, repeats)))
+    def run(case, variants, repeats=args.repeats, run_length=1):
+        results.append((case, measure(comm, variants, repeats, run_length)))
         return results[-1][1]
 
     if "allreduce" in args.cases:
@@ -331,9 +340,13 @@ def main():
         shapes = resnet50_shapes()
         add_fresh_difference(
             run(f"ResNet-50 x{len(shapes)}", resnet50_variants(comm, shapes)))
-        latency = run("4 KiB latency",
-                      single_tensor_variants(comm, 4 * KIB, with_floor=True),
-                      args.latency_repeats)
+        latency_variants = single_tensor_variants(comm, 4 * KIB,
+                                                  with_floor=True)
+        latencies.append(("4 KiB latency", run(
+            "4 KiB latency", latency_variants, args.latency_repeats)))
+        latencies.append((LOOP_CASE, run(
+            LOOP_CASE, latency_variants, args.latency_repeats,
+            run_length=LOOP_RUN_LENGTH)))
     small = f"{SMALL_COUNT}x{describe_size(SMALL_BYTES)}"
     if "allgather" in args.cases:
         for num_bytes in SHARD_SIZES:
@@ -358,9 +371,8 @@ def main():
             print(f"ResNet-50 set: {len(shapes)} float32 tensors, "
                   f"{values:,} values ({values * 4 / MIB:.1f} MiB)\n")
         print_table(results)
-        if latency is not None:
-            print("\n4 KiB latency percentiles in ms "
-                  "(p10 / p50 / p90 / p99):")
+        for case, latency in latencies:
+            print(f"\n{case} percentiles in ms (p10 / p50 / p90 / p99):")
             for label, t in latency.items():
                 p = np.percentile(t, [10, 50, 90, 99]) * 1e3
                 print(f"  {label:<44} " + " / ".join(f"{x:.3f}" for x in p))
