@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +18,9 @@ namespace tfring {
 namespace {
 
 using HeapInfoFunction = void (*)(TfringSharedHeapInfo*);
+
+// What /proc/<pid>/fd/<fd> of a heap points at ("/memfd:<name> (deleted)").
+constexpr char kHeapFileName[] = "/memfd:tfring-shared-heap";
 
 // A peer's heap mapped here: by pid, for the life of the process.
 struct Mapping {
@@ -43,18 +47,33 @@ Status MapPeerHeap(int64_t pid, int fd, uint64_t capacity, Mapping* mapping) {
     return Status::OK();
   }
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  // The fd must still be the peer's heap: a memfd of that name and size.
+  char target[256] = {0};
+  const ssize_t length = readlink(path.c_str(), target, sizeof(target) - 1);
+  if (length < 0 || std::strncmp(target, kHeapFileName, std::strlen(kHeapFileName)) != 0) {
+    return Status::FailedPrecondition(path + " is not a tfring shared heap (" +
+                                      (length < 0 ? std::string(std::strerror(errno))
+                                                  : std::string(target)) +
+                                      "); the ranks must run as the same user");
+  }
   const int opened = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (opened < 0) {
     return Status::FailedPrecondition("cannot open " + path + " (" + std::strerror(errno) +
-                               "): the ranks must run as the same user");
+                                      "): the ranks must run as the same user");
+  }
+  struct stat file;
+  if (fstat(opened, &file) != 0 || static_cast<uint64_t>(file.st_size) != capacity) {
+    close(opened);
+    return Status::FailedPrecondition(path + " does not hold the " + std::to_string(capacity) +
+                                      " bytes its owner reported");
   }
   void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
                     opened, 0);
   const int map_errno = errno;
   close(opened);  // the mapping keeps the memory
   if (data == MAP_FAILED) {
-    return Status::FailedPrecondition("cannot map " + std::to_string(capacity) + " bytes of " + path +
-                               " (" + std::strerror(map_errno) + ")");
+    return Status::FailedPrecondition("cannot map " + std::to_string(capacity) + " bytes of " +
+                                      path + " (" + std::strerror(map_errno) + ")");
   }
   mapping->data = static_cast<char*>(data);
   mapping->capacity = capacity;

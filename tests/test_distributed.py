@@ -128,6 +128,35 @@ def test_collectives_without_the_shared_heap():
                                3, _env(), shared_heap=False))
 
 
+_HEAP_STATE_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    import tfring
+    tfring.init()
+    y = tfring.allreduce(tf.fill([300000], float(tfring.rank())), op=tfring.Sum)
+    assert np.all(y.numpy() == sum(range(tfring.size()))), y.numpy()[:4]
+    print(f"rank {tfring.rank()} heap {tfring.shared_heap_enabled()} "
+          f"shm {tfring.shm_enabled()}", flush=True)
+""")
+
+
+def test_a_rank_without_the_shared_heap_turns_it_off_for_all():
+    # Three ranks with the heap preloaded; the last starts through env(1),
+    # which the preloaded library leaves without it. The ranks agree to use
+    # no heap, and the allreduce goes through the slots.
+    python = [sys.executable, "-c", _HEAP_STATE_SCRIPT]
+    env = _env(PYTHONPATH=str(REPO))
+    command = mpi_launch.mpirun_command(
+        2, python, ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"],
+        preload=mpi_launch.shared_heap_library())
+    command += [":", "-np", "1", "env", *python]
+    result = mpi_launch.launch_command(command, 300, env=env, cwd=str(REPO))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    for rank in range(3):
+        assert f"rank {rank} heap False shm True" in result.output, \
+            result.describe()
+
+
 def test_process_sets_at_four_ranks():
     # Two disjoint sets of two ranks, {0, 1} and {2, 3}, running different
     # collectives interleaved with global ones (the tests that need 4 ranks

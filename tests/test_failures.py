@@ -20,11 +20,11 @@ JOB_TIMEOUT_S = 120
 SURVIVOR_BOUND_S = 10.0
 
 
-def _run(mode, ranks, extra_env=None):
+def _run(mode, ranks, extra_env=None, shared_heap=False):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2",
                **(extra_env or {}))
     return launch([sys.executable, SCRIPT, mode], ranks, timeout=JOB_TIMEOUT_S,
-                  env=env, cwd=str(ROOT))
+                  env=env, cwd=str(ROOT), shared_heap=shared_heap)
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -56,12 +56,13 @@ def test_killed_rank_ends_the_job(ranks):
     assert "UNEXPECTED_SUCCESS" not in result.output
 
 
+@pytest.mark.parametrize("shared_heap", [False, True], ids=["slots", "heaps"])
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_rank_killed_inside_a_shared_memory_allreduce_ends_the_job(ranks):
-    result = _run("kill_in_allreduce", ranks)
+def test_rank_killed_inside_a_shared_memory_allreduce_ends_the_job(ranks, shared_heap):
+    result = _run("kill_in_allreduce", ranks, shared_heap=shared_heap)
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()
-    assert "rank 0 SHM True" in result.output, result.describe()
+    assert f"rank 0 SHM True HEAP {shared_heap}" in result.output, result.describe()
     assert "UNEXPECTED_SUCCESS" not in result.output
     # mpirun usually ends the survivors first; a survivor that noticed the
     # dead peer itself must have said which one.

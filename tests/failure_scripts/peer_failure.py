@@ -6,7 +6,8 @@ Usage: peer_failure.py <mode>
              naming that rank.
   kill:      the last rank SIGKILLs itself; mpirun must end the job.
   kill_in_allreduce: every rank runs 8 MiB allreduces (through shared
-             memory, chunk by chunk) in a loop; a thread of the last rank
+             memory: chunk by chunk through the slots, or straight from the
+             ranks' shared heaps when they are preloaded) in a loop; a thread of the last rank
              SIGKILLs it in the middle of one. The job must end; a survivor
              that notices first reports the dead rank by number.
   stall:     the last rank submits 'late_tensor' 3 s after the others; with
@@ -37,7 +38,8 @@ if mode == "stall":
     sys.exit(0)
 
 if mode == "kill_in_allreduce":
-    print(f"rank {hvd.rank()} SHM {hvd.shm_enabled()}", flush=True)
+    print(f"rank {hvd.rank()} SHM {hvd.shm_enabled()} HEAP {hvd.shared_heap_enabled()}",
+          flush=True)
     if hvd.rank() == last:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
     data = tf.ones([2 * 1024 * 1024])
