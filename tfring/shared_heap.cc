@@ -21,7 +21,8 @@
 //    realloc and malloc_usable_size tell the two apart by address; a glibc
 //    block that realloc grows large moves into the heap.
 //  - The heap's blocks are multiples of a page, so every block is page
-//    aligned (a larger alignment leaves a free gap below the block). Its bookkeeping lives in side tables (std::map nodes from
+//    aligned (a larger alignment leaves a free gap below the block). Its
+//    bookkeeping lives in side tables (std::map nodes from
 //    __libc_malloc), never inside the shared memory: free blocks by address
 //    (to merge neighbours) and by size (best fit), the used blocks by
 //    address, and `top`, below which memory has been handed out. When
