@@ -483,7 +483,10 @@ class build_ext(_setuptools_build_ext):
         module_source = "tfring/_core_module.cc"
         have_module = (ROOT / module_source).is_file()
         kernel_sources = sources("tfring/ops/kernels/*.cc")
-        preload_jobs = {name: CompileJob(source, common) for name, source in PRELOADS.items()
+        # -fno-plt (and -z now below): the shared heap's malloc and free pass
+        # every small block straight to glibc's, one jump through the GOT.
+        preload_jobs = {name: CompileJob(source, [*common, "-fno-plt"])
+                        for name, source in PRELOADS.items()
                         if (ROOT / source).is_file() and sys.platform.startswith("linux")}
         if not core_sources:
             raise SetupError("no C++ sources in cc/: nothing to build the core from.")
@@ -566,7 +569,7 @@ class build_ext(_setuptools_build_ext):
             # system's into an environment that ships a newer one (conda).
             linked |= link(preload, [job.obj], [
                 cxx, "-shared", "-o", str(preload), str(job.obj), "-Wl,--no-undefined",
-                "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
+                "-Wl,-z,now", "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
                 "-ldl", "-lpthread"])
             outputs[preload] = dest_root / "tfring" / name
 

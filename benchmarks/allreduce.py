@@ -26,7 +26,9 @@ allreduce
     grouped_allreduce, fresh inputs");
   * the latency of a lone 4 KiB allreduce, over many repetitions, next to
     TensorFlow's own floor: the same tf.function call with a multiply
-    instead of the allreduce; once with the variants interleaved call by
+    instead of the allreduce, and with the multiply's result passed through
+    a FIFOQueue (whose dequeue is an asynchronous kernel, as tfring's ops
+    are); once with the variants interleaved call by
     call, once in runs of LOOP_RUN_LENGTH calls of each variant, as a loop
     calls one op after another ("4 KiB latency in loops").
 allgather
@@ -167,7 +169,15 @@ def single_tensor_variants(comm, num_bytes, with_floor=False,
         def scale_in_function(x):
             return x * 2.0
 
+        queue = tf.queue.FIFOQueue(2, tf.float32, shapes=[tensor.shape])
+
+        @tf.function
+        def through_queue_in_function(x):
+            queue.enqueue(x * 2.0)
+            return queue.dequeue()
+
         variants[FLOOR_LABEL] = lambda: scale_in_function(tensor)
+        variants[ASYNC_FLOOR_LABEL] = lambda: through_queue_in_function(tensor)
     if with_fresh:
         fresh, reduce_fresh = fresh_variants(
             lambda x: hvd.allreduce(x, op=hvd.Sum), tensor, "single")
@@ -256,6 +266,11 @@ def resnet50_variants(comm, shapes):
 # TensorFlow's floor for a lone op in a tf.function: the same call with a
 # multiply instead of the allreduce (no communication at all).
 FLOOR_LABEL = "(TensorFlow alone: tf.function x * 2)"
+# The same with an asynchronous kernel of TensorFlow's own, as tfring's
+# allreduce is one (the caller waits for its completion): the multiply goes
+# through a FIFOQueue (enqueue, then the asynchronous dequeue), still with
+# no communication.
+ASYNC_FLOOR_LABEL = "(TensorFlow alone: x * 2 through a queue)"
 # tfring on fresh inputs: (timed: make + reduce, timed: make alone, the
 # reported difference), for a single tensor and for the ResNet-50 set.
 FRESH_LABELS = {

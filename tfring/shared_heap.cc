@@ -73,12 +73,14 @@
 #include "tfring/preload_self.h"
 
 // glibc's own allocator, under the names it exports for exactly this use.
+// They throw nothing (as glibc's own declarations of malloc and free say),
+// which lets the calls to them be tail calls.
 extern "C" {
-void* __libc_malloc(size_t size);
-void __libc_free(void* pointer);
-void* __libc_calloc(size_t count, size_t size);
-void* __libc_realloc(void* pointer, size_t size);
-void* __libc_memalign(size_t alignment, size_t size);
+void* __libc_malloc(size_t size) noexcept;
+void __libc_free(void* pointer) noexcept;
+void* __libc_calloc(size_t count, size_t size) noexcept;
+void* __libc_realloc(void* pointer, size_t size) noexcept;
+void* __libc_memalign(size_t alignment, size_t size) noexcept;
 }
 
 #define TFRING_HEAP_EXPORT __attribute__((visibility("default")))
@@ -574,7 +576,7 @@ void* HeapAllocate(size_t bytes, bool* zeroed, size_t alignment = kHeapAlignment
   return g_base + offset;
 }
 
-void HeapFree(void* pointer) {
+__attribute__((noinline)) void HeapFree(void* pointer) {
   const uint64_t offset = OffsetOf(pointer);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_state.load(std::memory_order_relaxed) == kPrivate) {
@@ -652,6 +654,14 @@ void* GlibcRealloc(void* pointer, size_t bytes) {
   return __libc_realloc(pointer, bytes);
 }
 
+// malloc of at least kSharedHeapSmallestBytes: the heap's, or glibc's when
+// the heap is off or full.
+__attribute__((noinline)) void* LargeMalloc(size_t bytes) {
+  bool zeroed;
+  if (void* block = HeapAllocate(bytes, &zeroed)) return block;
+  return __libc_malloc(bytes);
+}
+
 __attribute__((constructor)) void Start() {
   tfring_preload::RemoveSelfFromPreload(reinterpret_cast<const void*>(&Start));
   RegisterForkHandlers();
@@ -662,21 +672,19 @@ __attribute__((constructor)) void Start() {
 
 extern "C" {
 
+// malloc and free are called for every small block of the program too:
+// their glibc paths are tail calls, one compare and one jump through the
+// GOT (-fno-plt) on top of glibc's own cost (measured: 1.2 ns more per
+// malloc and free pair, 2.7 ns with calls through the PLT), the heap's
+// paths out of line.
 TFRING_HEAP_EXPORT void* malloc(size_t bytes) noexcept {
-  if (bytes >= kSharedHeapSmallestBytes) {
-    bool zeroed;
-    if (void* block = HeapAllocate(bytes, &zeroed)) return block;
-  }
+  if (__builtin_expect(bytes >= kSharedHeapSmallestBytes, 0)) return LargeMalloc(bytes);
   return __libc_malloc(bytes);
 }
 
 TFRING_HEAP_EXPORT void free(void* pointer) noexcept {
-  if (pointer == nullptr) return;
-  if (InHeap(pointer)) {
-    HeapFree(pointer);
-  } else {
-    __libc_free(pointer);
-  }
+  if (__builtin_expect(InHeap(pointer), 0)) return HeapFree(pointer);
+  return __libc_free(pointer);
 }
 
 TFRING_HEAP_EXPORT void* calloc(size_t count, size_t size) noexcept {
