@@ -118,8 +118,9 @@ TFRING_EXPORT bool SharedMemoryEnabled();
 // Whether the global set's ranks also reduce large tensors straight from
 // each other's shared heaps (peer_heaps.h); false before init.
 TFRING_EXPORT bool SharedHeapsEnabled();
-// Tensors the global set has reduced that way since init.
-TFRING_EXPORT uint64_t DirectAllreduceSpans();
+// Allreduced tensors, broadcasts and allgathers the global set has done
+// that way since init.
+TFRING_EXPORT uint64_t DirectCollectives();
 // The running job's data path; kMpi before init.
 TFRING_EXPORT DataPath CurrentDataPath();
 

@@ -371,11 +371,11 @@ bool SharedHeapsEnabled() {
   return shm != nullptr && shm->UsesPeerHeaps();
 }
 
-uint64_t DirectAllreduceSpans() {
+uint64_t DirectCollectives() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   const ShmTransport* shm = GlobalShmTransport(state);
-  return shm != nullptr ? shm->DirectSpans() : 0;
+  return shm != nullptr ? shm->DirectCollectives() : 0;
 }
 
 DataPath CurrentDataPath() {

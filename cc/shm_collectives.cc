@@ -196,6 +196,19 @@ Status ShmCollectives::AllreduceSpans(const std::vector<ReduceSpan>& spans, Data
   return staged.empty() ? Status::OK() : ChunkedAllreduce(staged, dtype, op);
 }
 
+Status ShmCollectives::ShareHeapOffsets(const std::vector<int64_t>& words, const char* what) {
+  if (!words.empty()) {
+    std::memcpy(SpanTable(rank_) + kCacheLine, words.data(), words.size() * sizeof(int64_t));
+  }
+  return DataBarrier(what);
+}
+
+int64_t ShmCollectives::PeerWord(int rank, size_t index) const {
+  int64_t value;
+  std::memcpy(&value, SpanTable(rank) + kCacheLine + index * sizeof(int64_t), sizeof(value));
+  return value;
+}
+
 int64_t ShmCollectives::HeapOffset(const void* pointer, int64_t bytes) const {
   const HeapView& own = heaps_[rank_];
   const uintptr_t at = reinterpret_cast<uintptr_t>(pointer);
@@ -219,12 +232,11 @@ Status ShmCollectives::DirectAllreduce(const std::vector<ReduceSpan>& spans, Dat
     *staged = spans;
     return Status::OK();
   }
-  // This rank's table: the number of entries, then per span the heap
-  // offsets of its input and output (-1: not in the heap).
+  // This rank's table: per span (as many as fit) the heap offsets of its
+  // input and output (-1: not in the heap).
   constexpr size_t kEntryWords = 2;
   const size_t capacity = (kSpanTableBytes - kCacheLine) / (kEntryWords * sizeof(int64_t));
   const size_t entries = std::min(spans.size(), capacity);
-  char* table = SpanTable(rank_);
   std::vector<int64_t> words(kEntryWords * entries, -1);
   for (size_t s = 0; s < entries; ++s) {
     const ReduceSpan& span = spans[s];
@@ -236,17 +248,8 @@ Status ShmCollectives::DirectAllreduce(const std::vector<ReduceSpan>& spans, Dat
     words[kEntryWords * s] = input;
     words[kEntryWords * s + 1] = output;
   }
-  const uint64_t count = entries;
-  std::memcpy(table, &count, sizeof(count));
-  if (!words.empty()) std::memcpy(table + kCacheLine, words.data(), words.size() * sizeof(int64_t));
-  TFRING_RETURN_IF_ERROR(DataBarrier("allreduce"));
-
-  auto entry = [&](int q, size_t s, size_t word) {
-    int64_t value;
-    std::memcpy(&value, SpanTable(q) + kCacheLine + (kEntryWords * s + word) * sizeof(int64_t),
-                sizeof(value));
-    return value;
-  };
+  TFRING_RETURN_IF_ERROR(ShareHeapOffsets(words, "allreduce"));
+  auto entry = [&](int q, size_t s, size_t word) { return PeerWord(q, kEntryWords * s + word); };
   std::vector<const char*> sources(size_);
   std::vector<char*> results(size_);
   bool any_direct = false;
@@ -259,7 +262,7 @@ Status ShmCollectives::DirectAllreduce(const std::vector<ReduceSpan>& spans, Dat
       continue;
     }
     any_direct = true;
-    direct_spans_.fetch_add(1, std::memory_order_relaxed);
+    direct_collectives_.fetch_add(1, std::memory_order_relaxed);
     const int64_t begin = SliceStart(rank_, span.count, element_bytes);
     const int64_t end = SliceStart(rank_ + 1, span.count, element_bytes);
     if (begin == end) continue;
@@ -410,6 +413,17 @@ Status ShmCollectives::Broadcast(void* buffer, int64_t bytes, int root) {
   }
   if (bytes <= 0) return Status::OK();
   char* data = static_cast<char*>(buffer);
+  if (UsesHeaps() && bytes >= static_cast<int64_t>(kSharedHeapSmallestBytes)) {
+    // Direct when the root's buffer lies in its heap: the others copy it
+    // from there, then all meet so that it stays until they have.
+    TFRING_RETURN_IF_ERROR(ShareHeapOffsets({HeapOffset(buffer, bytes)}, "broadcast"));
+    const int64_t source = PeerWord(root, 0);
+    if (source >= 0) {
+      if (rank_ != root) std::memcpy(data, heaps_[root].data + source, bytes);
+      direct_collectives_.fetch_add(1, std::memory_order_relaxed);
+      return DataBarrier("broadcast");
+    }
+  }
   const int64_t chunk_bytes = ChunkBytes();
   // The root writes chunk c into chunk area c % 2 of its slot; the others
   // copy it out after the barrier. Writing chunk c + 2 into the same area
@@ -445,6 +459,23 @@ Status ShmCollectives::Allgatherv(const void* input, void* output,
   if (input != nullptr && bytes_per_rank[rank_] > 0) {
     std::memmove(out + offsets[rank_], mine, bytes_per_rank[rank_]);
     mine = out + offsets[rank_];
+  }
+  if (UsesHeaps() && largest >= static_cast<int64_t>(kSharedHeapSmallestBytes)) {
+    // Direct when every rank's part lies in its heap: each copies the
+    // others' parts from where they are, then all meet so that the parts
+    // stay until everyone has.
+    TFRING_RETURN_IF_ERROR(ShareHeapOffsets(
+        {bytes_per_rank[rank_] > 0 ? HeapOffset(mine, bytes_per_rank[rank_]) : 0}, "allgather"));
+    bool direct = true;
+    for (int q = 0; q < size_; ++q) direct = direct && PeerWord(q, 0) >= 0;
+    if (direct) {
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_ || bytes_per_rank[q] == 0) continue;
+        std::memcpy(out + offsets[q], heaps_[q].data + PeerWord(q, 0), bytes_per_rank[q]);
+      }
+      direct_collectives_.fetch_add(1, std::memory_order_relaxed);
+      return DataBarrier("allgather");
+    }
   }
   const int64_t chunk_bytes = ChunkBytes();
   // Round j: every rank puts bytes [j * chunk, (j + 1) * chunk) of its part

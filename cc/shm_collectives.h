@@ -38,7 +38,10 @@
 // with no copy in or out. Nobody else touches slice r of any rank's input or
 // output meanwhile, so in-place tensors are safe; a last barrier (or the
 // first of the slot path for the remaining spans) keeps every input alive
-// and every output unread until all slices are done.
+// and every output unread until all slices are done. Broadcasts and
+// allgathers of 64 KiB and more go direct the same way when the root's
+// buffer (or every rank's part) lies in its heap: each rank copies what it
+// receives straight from there, once.
 //
 // A rank reads another rank's slot only between two barriers that the owner
 // also passes, and reads its own slot after the barrier that follows the
@@ -124,8 +127,11 @@ class ShmCollectives {
   // same heaps before the same operation.
   void UseHeaps(std::vector<HeapView> heaps) { heaps_ = std::move(heaps); }
   bool UsesHeaps() const { return !heaps_.empty(); }
-  // Spans reduced directly from the ranks' heaps so far.
-  uint64_t DirectSpans() const { return direct_spans_.load(std::memory_order_relaxed); }
+  // Allreduce spans, broadcasts and allgathers done directly from the
+  // ranks' heaps so far.
+  uint64_t DirectCollectives() const {
+    return direct_collectives_.load(std::memory_order_relaxed);
+  }
 
   // Round calls among the ranks (shm_barrier.h); an Exchange that waits
   // for its peers calls them. Thread-safe.
@@ -157,6 +163,11 @@ class ShmCollectives {
                          std::vector<ReduceSpan>* staged);
   // This rank's heap offset of [pointer, pointer + bytes), or -1.
   int64_t HeapOffset(const void* pointer, int64_t bytes) const;
+  // Publishes `words` (heap offsets; at most the span table's capacity) in
+  // this rank's span table and meets the other ranks; PeerWord(q, i) is
+  // then rank q's word i, until this rank's next data operation.
+  Status ShareHeapOffsets(const std::vector<int64_t>& words, const char* what);
+  int64_t PeerWord(int rank, size_t index) const;
   // Reduces `count` elements of the ranks' data, rank q's at sources[q],
   // scales the result by factor / divisor, and writes it to every pointer in
   // `results`; to results[i] with streaming stores where bit i of `streamed`
@@ -174,7 +185,7 @@ class ShmCollectives {
   uint64_t exchanges_ = 0;
   std::vector<char> block_;  // this rank's reduction scratch
   std::vector<HeapView> heaps_;  // empty: no direct reductions
-  std::atomic<uint64_t> direct_spans_{0};  // read by other threads
+  std::atomic<uint64_t> direct_collectives_{0};  // read by other threads
 };
 
 }  // namespace tfring

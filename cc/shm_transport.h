@@ -76,8 +76,8 @@ class ShmTransport : public Transport {
   // Whether tensors in the ranks' shared heaps are reduced in place there
   // (peer_heaps.h).
   bool UsesPeerHeaps() const { return shm_->UsesHeaps(); }
-  // Tensors reduced that way so far.
-  uint64_t DirectSpans() const { return shm_->DirectSpans(); }
+  // Collectives done that way so far (ShmCollectives::DirectCollectives).
+  uint64_t DirectCollectives() const { return shm_->DirectCollectives(); }
   bool WatchRoundCalls(std::function<void()> on_call) override;
   void StopWatchingRoundCalls() override;
   ~ShmTransport() override { StopWatchingRoundCalls(); }

@@ -833,8 +833,8 @@ void AllreduceDirectSpans() {
             }
           }
         }
-        EXPECT_TRUE(shm.DirectSpans() == 2 * expected_direct,
-                    what << ": " << shm.DirectSpans() << " spans went direct, not "
+        EXPECT_TRUE(shm.DirectCollectives() == 2 * expected_direct,
+                    what << ": " << shm.DirectCollectives() << " spans went direct, not "
                          << 2 * expected_direct);
       });
     }
@@ -1101,6 +1101,92 @@ void AllgathervLayouts() {
                       what << ": wrote outside the output");
         }
       }
+    });
+  }
+}
+
+// Broadcast and allgatherv on the direct path: buffers in the ranks' heaps
+// (64 KiB and more go direct), or, to fall back to the slots, the root's
+// (or one rank's part) outside its heap. Results exact, nothing written
+// outside the buffers, and the engine counts exactly the direct ones.
+void BroadcastAndAllgatherDirect() {
+  constexpr int64_t kBig = 200003;  // > 64 KiB, not a multiple of anything
+  for (int size = 1; size <= 3; ++size) {
+    RankOptions options;
+    options.size = size;
+    options.heap_bytes = 16 << 20;
+    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+      uint64_t expected_direct = 0;
+      // A buffer of `bytes` with guards, in this rank's heap or not.
+      std::vector<Bytes> privates;
+      auto buffer = [&](int64_t bytes, bool in_heap) {
+        const int64_t total = bytes + 2 * kGuard;
+        unsigned char* at;
+        if (in_heap) {
+          at = reinterpret_cast<unsigned char*>(HeapAllocate(total));
+        } else {
+          privates.emplace_back(total);
+          at = privates.back().data();
+        }
+        std::fill(at, at + total, kFill);
+        return at + kGuard;
+      };
+      for (int root = 0; root < size; ++root) {
+        for (int64_t bytes : {int64_t{1000}, kBig}) {
+          for (bool root_in_heap : {true, false}) {
+            const std::string what = "direct broadcast of " + std::to_string(bytes) +
+                                     " bytes from " + std::to_string(root) + " on " +
+                                     std::to_string(size) + (root_in_heap ? "" : ", root private");
+            const Bytes expected = Pattern(1000 * root + bytes, bytes);
+            unsigned char* data = buffer(bytes, rank != root || root_in_heap);
+            const Bytes own = rank == root ? expected : Pattern(7 + rank, bytes);
+            std::copy(own.begin(), own.end(), data);
+            const Status status = shm.Broadcast(data, bytes, root);
+            EXPECT_TRUE(status.ok(), what << ": " << status.message());
+            ExpectSameBytes(expected.data(), data, bytes, what);
+            EXPECT_TRUE(AllBytesAre(data - kGuard, kGuard, kFill) &&
+                            AllBytesAre(data + bytes, kGuard, kFill),
+                        what << ": wrote outside the buffer");
+            if (bytes == kBig && root_in_heap) ++expected_direct;
+          }
+        }
+      }
+      for (int private_rank = -1; private_rank < size; ++private_rank) {
+        for (bool in_place : {false, true}) {
+          std::vector<int64_t> sizes;
+          for (int q = 0; q < size; ++q) sizes.push_back(q == 0 ? kBig : 17 * q + 1);
+          const std::string what = "direct allgatherv" + std::string(in_place ? " in place" : "") +
+                                   " on " + std::to_string(size) + ", rank " +
+                                   std::to_string(private_rank) + " private";
+          Bytes expected;
+          int64_t offset = 0;
+          for (int q = 0; q < size; ++q) {
+            if (q == rank) offset = expected.size();
+            const Bytes part = Pattern(300 + q, sizes[q]);
+            expected.insert(expected.end(), part.begin(), part.end());
+          }
+          const Bytes mine = Pattern(300 + rank, sizes[rank]);
+          const bool in_heap = rank != private_rank;
+          unsigned char* output = buffer(expected.size(), in_heap);
+          unsigned char* input = nullptr;
+          if (in_place) {
+            std::copy(mine.begin(), mine.end(), output + offset);
+          } else {
+            input = buffer(sizes[rank], in_heap);
+            std::copy(mine.begin(), mine.end(), input);
+          }
+          const Status status = shm.Allgatherv(input, output, sizes);
+          EXPECT_TRUE(status.ok(), what << ": " << status.message());
+          ExpectSameBytes(expected.data(), output, expected.size(), what);
+          EXPECT_TRUE(AllBytesAre(output - kGuard, kGuard, kFill) &&
+                          AllBytesAre(output + expected.size(), kGuard, kFill),
+                      what << ": wrote outside the output");
+          if (private_rank < 0) ++expected_direct;
+        }
+      }
+      EXPECT_TRUE(shm.DirectCollectives() == expected_direct,
+                  shm.DirectCollectives() << " broadcasts and allgathers went direct, not "
+                                    << expected_direct);
     });
   }
 }
@@ -1610,6 +1696,7 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
       {"many_mixed_calls", ManyMixedCalls},
       {"broadcast_every_root", BroadcastEveryRoot},
       {"allgatherv_layouts", AllgathervLayouts},
+      {"broadcast_allgather_direct", BroadcastAndAllgatherDirect},
       {"exchange_messages", ExchangeMessages},
       {"barrier_across_processes", BarrierAcrossProcesses},
       {"dead_peer_allreduce", [] { DeadPeer(DeadPeerCall::kAllreduce); }},

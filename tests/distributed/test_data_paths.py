@@ -155,7 +155,8 @@ def test_shared_heap_is_used_when_preloaded():
     """With the heap preloaded on every rank (as tfringrun and this suite
     run a one-host job), tensors of 64 KiB and more are reduced straight
     from the ranks' heaps: held and fresh (in place) inputs, in a
-    tf.function too, each counted once; smaller ones are not. Without it
+    tf.function too, each counted once; smaller ones are not; broadcasts
+    and allgathers of that size go the same way. Without it
     (plain mpirun, or TFRING_SHARED_HEAP=0) nothing goes direct."""
     from tfring import _core
 
@@ -164,7 +165,7 @@ def test_shared_heap_is_used_when_preloaded():
         assert not tfring.shared_heap_enabled()
         return
     assert tfring.shared_heap_enabled()
-    start = _core.direct_allreduce_spans()
+    start = _core.direct_collectives()
     held = tf.fill([300007], float(tfring.rank() + 1))
     y = tfring.allreduce(held, op=tfring.Sum, name="heap_held")
     assert np.all(y.numpy() == size * (size + 1) / 2)
@@ -178,13 +179,23 @@ def test_shared_heap_is_used_when_preloaded():
     assert np.all(z.numpy() == (size + 1))
     small = tfring.allreduce(tf.ones([1000]), op=tfring.Sum, name="heap_small")
     assert np.all(small.numpy() == size)
-    assert _core.direct_allreduce_spans() - start == 2
+    assert _core.direct_collectives() - start == 2
+    # Broadcast and allgather of 64 KiB and more: the same way.
+    root = tfring.broadcast(held, root_rank=size - 1, name="heap_broadcast")
+    assert np.all(root.numpy() == size)
+    rows = tfring.allgather(tf.fill([20000 + tfring.rank(), 2], tfring.rank()),
+                            name="heap_allgather").numpy()
+    assert rows.shape == (20000 * size + size * (size - 1) // 2, 2)
+    starts = np.cumsum([0] + [20000 + r for r in range(size)])
+    for r in range(size):
+        assert np.all(rows[starts[r]:starts[r + 1]] == r), r
+    assert _core.direct_collectives() - start == 4
     with initialized_with(TFRING_SHARED_HEAP="0"):
         assert tfring.shm_enabled() and not tfring.shared_heap_enabled()
-        start = _core.direct_allreduce_spans()
+        start = _core.direct_collectives()
         y = tfring.allreduce(held, op=tfring.Sum, name="heap_off")
         assert np.all(y.numpy() == size * (size + 1) / 2)
-        assert _core.direct_allreduce_spans() == start
+        assert _core.direct_collectives() == start
 
 
 @pytest.mark.requires_ranks(2)
