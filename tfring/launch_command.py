@@ -230,9 +230,9 @@ def installed_heap_library():
     return _installed_library("libtfring_shared_heap.so")
 
 
-def _preload(loopback_library, environ):
-    """LD_PRELOAD with the library ahead of the user's own preloads."""
-    return ":".join([loopback_library] +
+def _preload(library, environ):
+    """LD_PRELOAD with `library` ahead of the user's own preloads."""
+    return ":".join([library] +
                     [p for p in [environ.get("LD_PRELOAD")] if p])
 
 
