@@ -1,14 +1,12 @@
 """Build and install tfring.
 
-tfring has three native artefacts (see docs/layout.md), and on Linux two
-libraries tfringrun preloads, one into mpirun, one into the ranks of a
-one-host job:
+tfring has three native artefacts (see docs/layout.md), and on Linux a
+library tfringrun preloads into mpirun:
 
   tfring/libtfring_core.so      cc/*.cc, links MPI           RUNPATH: the MPI libdir
   tfring/_core<EXT_SUFFIX>      tfring/_core_module.cc       RUNPATH: $ORIGIN
   tfring/ops/libtfring_ops.so   tfring/ops/kernels/*.cc      RUNPATH: $ORIGIN/..:$ORIGIN/../../tensorflow
   tfring/libtfring_loopback_listeners.so  tfring/loopback_listeners.cc  (libc only)
-  tfring/libtfring_shared_heap.so         tfring/shared_heap.cc         (libc only)
 
 They are built by the `build_ext` command below with plain g++ rather than
 setuptools' Extension machinery, because setuptools compiles one file at a time,
@@ -61,7 +59,6 @@ CXXFLAGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-Wall"]
 # What tfringrun preloads (Linux): library name -> its one source file.
 PRELOADS = {
     "libtfring_loopback_listeners.so": "tfring/loopback_listeners.cc",  # into mpirun
-    "libtfring_shared_heap.so": "tfring/shared_heap.cc",  # into one host's ranks
 }
 CORE_SONAME = "libtfring_core.so"
 
@@ -483,9 +480,7 @@ class build_ext(_setuptools_build_ext):
         module_source = "tfring/_core_module.cc"
         have_module = (ROOT / module_source).is_file()
         kernel_sources = sources("tfring/ops/kernels/*.cc")
-        # -fno-plt (and -z now below): the shared heap's malloc and free pass
-        # every small block straight to glibc's, one jump through the GOT.
-        preload_jobs = {name: CompileJob(source, [*common, "-fno-plt"])
+        preload_jobs = {name: CompileJob(source, common)
                         for name, source in PRELOADS.items()
                         if (ROOT / source).is_file() and sys.platform.startswith("linux")}
         if not core_sources:
@@ -562,14 +557,14 @@ class build_ext(_setuptools_build_ext):
             check_core_imports(ops, core)
             outputs[ops] = dest_root / "tfring" / "ops" / "libtfring_ops.so"
 
-        # 4. What tfringrun preloads into mpirun and into the ranks: libc only.
+        # 4. What tfringrun preloads into mpirun: libc only.
         for name, job in preload_jobs.items():
             preload = stage / name
             # libstdc++ linked in: a preloaded library must not bring the
             # system's into an environment that ships a newer one (conda).
             linked |= link(preload, [job.obj], [
                 cxx, "-shared", "-o", str(preload), str(job.obj), "-Wl,--no-undefined",
-                "-Wl,-z,now", "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
+                "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
                 "-ldl", "-lpthread"])
             outputs[preload] = dest_root / "tfring" / name
 

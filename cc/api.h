@@ -115,12 +115,6 @@ enum class DataPath {
 // Whether the running job's ranks move data through shared memory
 // (shm_transport.h); false before init.
 TFRING_EXPORT bool SharedMemoryEnabled();
-// Whether the global set's ranks also reduce large tensors straight from
-// each other's shared heaps (peer_heaps.h); false before init.
-TFRING_EXPORT bool SharedHeapsEnabled();
-// Allreduced tensors, broadcasts and allgathers the global set has done
-// that way since init.
-TFRING_EXPORT uint64_t DirectCollectives();
 // The running job's data path; kMpi before init.
 TFRING_EXPORT DataPath CurrentDataPath();
 

@@ -330,6 +330,7 @@ void BackgroundLoop::Run() {
   // find this one still "running".
   running_ = false;
   exit_status_ = stop_reason;
+  stopped_by_failure_ = stopped_by_failure;
   global_transport->StopWatchingRoundCalls();
   if (registry_ != nullptr) registry_->Stop(stop_reason);
   std::vector<TensorEntry> cancelled = queue_->Close(stop_reason);

@@ -63,6 +63,9 @@ class BackgroundLoop {
   // Waits for the thread to exit. Returns why the loop stopped.
   Status Join();
   bool running() const { return running_.load(); }
+  // Whether a failure stopped the loop (a peer died or stopped taking part,
+  // the transport failed), rather than a shutdown. Valid after Join.
+  bool stopped_by_failure() const { return stopped_by_failure_; }
   // The global set's controller. Valid after Join (it belongs to the
   // background thread).
   const Controller& controller() const { return sets_.front()->controller; }
@@ -111,6 +114,7 @@ class BackgroundLoop {
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> running_{false};
   Status exit_status_;
+  bool stopped_by_failure_ = false;
   Timeline* timeline_;
   // The knobs in force, as rank 0 last announced them.
   int64_t fusion_threshold_;

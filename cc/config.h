@@ -48,16 +48,6 @@ constexpr int64_t kHierarchicalAuto = 2;
     "Bytes of each rank's slot in the shared-memory segment (the segment holds one per "  \
     "local rank, in /dev/shm). Data moves through two chunks of it of at most 512 KiB "  \
     "each; a smaller slot means smaller chunks, a larger one gains nothing.")             \
-  X(int64_t, shared_heap, "TFRING_SHARED_HEAP", 1, kJob,                                   \
-    "1: where libtfring_shared_heap.so is preloaded into every rank of a host (tfringrun "  \
-    "does so for one-host jobs), the ranks map each other's heaps and reduce tensors of "   \
-    "64 KiB and more straight from every rank's input into every rank's output. 0: the "    \
-    "preloaded library passes every allocation to glibc and the data goes through the "    \
-    "segment's slots.")                                                                     \
-  X(int64_t, shared_heap_bytes, "TFRING_SHARED_HEAP_BYTES", 0, kProcess,                    \
-    "Bytes of address space the preloaded shared heap reserves (0: the host's physical "    \
-    "memory); large allocations beyond it go to glibc and are reduced through the slots. " \
-    "Read by libtfring_shared_heap.so itself.")                                            \
   X(int64_t, cpu_binding, "TFRING_CPU_BINDING", 1, kJob,                                  \
     "1: where a host's ranks may all run on the same CPUs (nobody bound them one by one) "  \
     "and there are at least as many CPUs as ranks, each rank binds all its threads to its " \

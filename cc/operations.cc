@@ -49,6 +49,8 @@ struct CoreState {
   Topology topology;
   Config config;  // agreed at init; the loop keeps a reference
   bool finalize_hook_installed = false;
+  // Why the last loop stopped, when a failure stopped it; OK otherwise.
+  Status failure;
   // Rank 0's timeline (the loop borrows it; it outlives every loop).
   Timeline timeline;
   // TFRING_TIMELINE starts the timeline at the first init only, so a later
@@ -106,7 +108,8 @@ void DiscardLocked(CoreState& state) {
 Status ShutdownLocked(CoreState& state) {
   if (!state.loop) return Status::OK();
   state.loop->RequestShutdown();
-  state.loop->Join();
+  const Status stopped = state.loop->Join();
+  if (state.loop->stopped_by_failure()) state.failure = stopped;
   DiscardLocked(state);
   state.timeline.Stop();
   return Status::OK();
@@ -132,6 +135,15 @@ int OnMpiFinalize(MPI_Comm, int, void*, void*) {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   ShutdownLocked(state);
+  if (!state.failure.ok()) {
+    // MPI_Finalize waits for every process of the job, and after a failure
+    // some rank may never come (suspended, stuck in a collective the others
+    // abandoned): this process would hang at exit. End the job instead.
+    TFRING_LOG(kError, "ending the job instead of finalizing MPI, because tfring stopped on "
+                       "a failure that leaves the ranks unable to agree: "
+                           << state.failure.message());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   return MPI_SUCCESS;
 }
 
@@ -266,6 +278,7 @@ Status InitializeMpi(int64_t mpi_comm_fortran, const std::vector<std::vector<int
   TFRING_RETURN_IF_ERROR(CheckThreadLevel());
   Status started = StartLocked(state, MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm_fortran)),
                                process_sets, dynamic_process_sets);
+  if (started.ok()) state.failure = Status::OK();
   if (!started.ok()) DiscardLocked(state);
   return started;
 }
@@ -352,30 +365,6 @@ bool SharedMemoryEnabled() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   return state.loop != nullptr && state.data_path == DataPath::kSharedMemory;
-}
-
-namespace {
-
-// The global set's shared-memory transport, or null.
-const ShmTransport* GlobalShmTransport(const CoreState& state) {
-  if (state.loop == nullptr || state.data_path != DataPath::kSharedMemory) return nullptr;
-  return dynamic_cast<const ShmTransport*>(state.data_transport.get());
-}
-
-}  // namespace
-
-bool SharedHeapsEnabled() {
-  CoreState& state = State();
-  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
-  const ShmTransport* shm = GlobalShmTransport(state);
-  return shm != nullptr && shm->UsesPeerHeaps();
-}
-
-uint64_t DirectCollectives() {
-  CoreState& state = State();
-  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
-  const ShmTransport* shm = GlobalShmTransport(state);
-  return shm != nullptr ? shm->DirectCollectives() : 0;
 }
 
 DataPath CurrentDataPath() {

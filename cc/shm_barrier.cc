@@ -32,6 +32,9 @@ struct alignas(64) ShmBarrier::Doorbell {
   std::atomic<uint32_t> ring;      // bumped when an arriving rank finds sleepers
   std::atomic<uint32_t> sleepers;  // ranks inside Sleep (or about to be)
   std::atomic<uint32_t> round_calls;  // bumped by CallRound
+  // Arrivals of every rank so far (barrier step k is passed once they reach
+  // k * size), and whether and by whom the barrier was given up (Verdict).
+  std::atomic<uint64_t> arrivals;
 };
 
 namespace {
@@ -53,6 +56,12 @@ constexpr std::chrono::milliseconds kLivenessCheckEvery{10};
 // process set of the work, say) answers as soon as it would have with a
 // round every default cycle.
 constexpr std::chrono::milliseconds kRoundCallAfter{1};
+
+// The arrivals word: a count in the low bits; once a rank gives up, the top
+// bit and that rank's index above the count. Neither ever changes again.
+constexpr uint64_t kGaveUp = uint64_t{1} << 63;
+constexpr int kGiverShift = 48;
+constexpr uint64_t kCountMask = (uint64_t{1} << kGiverShift) - 1;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free &&
@@ -121,13 +130,6 @@ ShmBarrier::Doorbell& ShmBarrier::Bell() const {
   return *std::launder(reinterpret_cast<Doorbell*>(area_));
 }
 
-bool ShmBarrier::AllArrived(uint64_t target) const {
-  for (int r = 0; r < size_; ++r) {
-    if (Line(r).step.load(std::memory_order_acquire) < target) return false;
-  }
-  return true;
-}
-
 std::vector<int> ShmBarrier::Missing(uint64_t target) const {
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
@@ -173,6 +175,68 @@ Status ShmBarrier::WaitCallingPeers(const char* what) {
   return WaitFor(what, std::chrono::nanoseconds(0), true);
 }
 
+ShmBarrier::Verdict ShmBarrier::Check(uint64_t target) const {
+  const uint64_t word = Bell().arrivals.load(std::memory_order_seq_cst);
+  // A barrier that completed stays passed even if a later one was given up.
+  if ((word & kCountMask) >= target * static_cast<uint64_t>(size_)) return Verdict::kPassed;
+  return (word & kGaveUp) != 0 ? Verdict::kGivenUp : Verdict::kWaiting;
+}
+
+int ShmBarrier::Giver() const {
+  const uint64_t word = Bell().arrivals.load(std::memory_order_acquire);
+  return static_cast<int>((word & ~kGaveUp) >> kGiverShift);
+}
+
+bool ShmBarrier::GiveUp(uint64_t target) {
+  Doorbell& bell = Bell();
+  const uint64_t complete = target * static_cast<uint64_t>(size_);
+  uint64_t word = bell.arrivals.load(std::memory_order_seq_cst);
+  for (;;) {
+    if ((word & kCountMask) >= complete) return false;  // the last rank came meanwhile
+    if ((word & kGaveUp) != 0) return true;              // another rank gave up first
+    // Withdraws this rank's arrival in the same step: the count can no
+    // longer reach `complete`, whoever comes later.
+    const uint64_t given_up =
+        ((word & kCountMask) - 1) | kGaveUp | static_cast<uint64_t>(rank_) << kGiverShift;
+    if (bell.arrivals.compare_exchange_weak(word, given_up, std::memory_order_seq_cst)) break;
+  }
+  bell.ring.fetch_add(1, std::memory_order_seq_cst);
+  WakeAll(&bell.ring);
+  return true;
+}
+
+Status ShmBarrier::GivenUpStatus(const char* what, uint64_t target,
+                                 std::chrono::nanoseconds timeout) const {
+  const std::vector<int> missing = Missing(target);
+  const std::vector<int> exited = Exited(missing);
+  const std::string giver = Describe({Giver()});
+  const std::string me = Describe({rank_});
+  if (!exited.empty()) return ExitedStatus(what, exited);
+  if (!missing.empty()) {
+    return Status::Aborted(
+        "tfring: " + Describe(missing) + " did not reach a shared-memory " + what +
+        (timeout.count() > 0 ? " within " + Seconds(timeout) : std::string()) + " while " + me +
+        " waited, and " + giver + " gave up on it, so " + me +
+        " fails it too. The missing process is alive but stopped taking part (suspended, or "
+        "stuck); the ranks can no longer agree, so the job cannot go on.");
+  }
+  return Status::Aborted(
+      "tfring: " + giver + " gave up on a shared-memory " + what + " before " + me +
+      " arrived (" + me + " was suspended or stuck for longer than TFRING_SHM_TIMEOUT_SECONDS), "
+      "so " + me + " fails it too: no rank completes an operation that another rank failed, "
+      "and no rank writes into memory another rank has given up. The job cannot go on; look "
+      "for what held " + me + " (a debugger, SIGSTOP, swapping).");
+}
+
+Status ShmBarrier::ExitedStatus(const char* what, const std::vector<int>& exited) const {
+  const std::string them = Describe(exited);
+  return Status::Aborted("tfring: " + them + " exited while " + Describe({rank_}) +
+                         " waited for it in a shared-memory " + what +
+                         "; the job cannot go on without it. Look at " + them +
+                         "'s output for why it ended (an exception, a signal, the "
+                         "out-of-memory killer).");
+}
+
 Status ShmBarrier::WaitFor(const char* what, std::chrono::nanoseconds timeout, bool call_peers) {
   if (!broken_.ok()) return broken_;
   const uint64_t target = ++steps_;
@@ -180,21 +244,23 @@ Status ShmBarrier::WaitFor(const char* what, std::chrono::nanoseconds timeout, b
   // step or is seen in `sleepers` below and woken.
   Line(rank_).step.store(target, std::memory_order_seq_cst);
   Doorbell& bell = Bell();
+  bell.arrivals.fetch_add(1, std::memory_order_seq_cst);
   if (bell.sleepers.load(std::memory_order_seq_cst) > 0) {
     bell.ring.fetch_add(1, std::memory_order_seq_cst);
     WakeAll(&bell.ring);
   }
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  while (Clock::now() - start < kSpinFor) {
-    for (int spin = 0; spin < kSpinsPerClockRead; ++spin) {
-      if (AllArrived(target)) return Status::OK();
+  Verdict verdict = Check(target);
+  while (verdict == Verdict::kWaiting && Clock::now() - start < kSpinFor) {
+    for (int spin = 0; spin < kSpinsPerClockRead && verdict == Verdict::kWaiting; ++spin) {
       CpuRelax();
+      verdict = Check(target);
     }
   }
   Clock::time_point next_liveness_check = start + kLivenessCheckEvery;
   bool called = false;
-  while (!AllArrived(target)) {
+  while (verdict == Verdict::kWaiting) {
     const Clock::time_point now = Clock::now();
     std::chrono::nanoseconds sleep_limit = kLongestSleep;
     if (call_peers && !called) {
@@ -210,29 +276,35 @@ Status ShmBarrier::WaitFor(const char* what, std::chrono::nanoseconds timeout, b
     if (now >= next_liveness_check) {
       next_liveness_check = now + kLivenessCheckEvery;
       const std::vector<int> exited = Exited(Missing(target));
-      if (!exited.empty()) {
-        const std::string them = Describe(exited);
-        broken_ = Status::Aborted(
-            "tfring: " + them + " exited while " + Describe({rank_}) + " waited for it in a shared-memory " +
-            what + "; the job cannot go on without it. Look at " + them +
-            "'s output for why it ended (an exception, a signal, the out-of-memory killer).");
+      if (!exited.empty() && GiveUp(target)) {
+        broken_ = Giver() == rank_ ? ExitedStatus(what, exited) : GivenUpStatus(what, target, timeout);
         return broken_;
       }
     }
     if (timeout.count() > 0 && now - start > timeout) {
       const std::vector<int> missing = Missing(target);
-      if (missing.empty()) break;  // arrived just now
-      broken_ = Status::Aborted(
-          "tfring: " + Describe(missing) + " did not reach a shared-memory " + what +
-          " within " + Seconds(timeout) + " while " + Describe({rank_}) + " waited (step " +
-          std::to_string(target) + "). Its process is alive but stopped taking part "
-          "(suspended, or stuck); the ranks can no longer agree, so the job cannot go on.");
-      return broken_;
+      if (GiveUp(target)) {
+        if (Giver() != rank_) {
+          broken_ = GivenUpStatus(what, target, timeout);
+        } else {
+          broken_ = Status::Aborted(
+              "tfring: " + Describe(missing) + " did not reach a shared-memory " + what +
+              " within " + Seconds(timeout) + " while " + Describe({rank_}) + " waited (step " +
+              std::to_string(target) + "). Its process is alive but stopped taking part "
+              "(suspended, or stuck); the ranks can no longer agree, so the job cannot go on.");
+        }
+        return broken_;
+      }
     }
     bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = bell.ring.load(std::memory_order_seq_cst);
-    if (!AllArrived(target)) SleepUnlessChanged(&bell.ring, seen, sleep_limit);
+    if (Check(target) == Verdict::kWaiting) SleepUnlessChanged(&bell.ring, seen, sleep_limit);
     bell.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    verdict = Check(target);
+  }
+  if (verdict == Verdict::kGivenUp) {
+    broken_ = GivenUpStatus(what, target, timeout);
+    return broken_;
   }
   return Status::OK();
 }

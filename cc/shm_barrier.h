@@ -22,12 +22,22 @@
 // busy computing the same work is not pulled into rounds for nothing. This
 // lets idle ranks skip idle rounds altogether.
 //
+// Passing is decided by one shared word: the count of every rank's arrivals
+// (step k is passed once it reaches k * size). Each rank also publishes its
+// step in a cache line of its own, which says who is missing.
+//
 // Failures: while it sleeps, a waiting rank checks every few milliseconds
 // whether the missing ranks' processes still exist, and gives up with
 // Aborted naming a rank that exited. A wait with a time limit (a data
 // operation, whose peers are known to be in it already) also gives up when
-// the missing ranks make no progress for that long. Either way the barrier
-// refuses every later wait: the ranks' steps no longer match.
+// the missing ranks make no progress for that long. Giving up takes this
+// rank's arrival back and marks the barrier given up in the same atomic
+// step (GiveUp), unless the count completed first: so either every rank
+// passes the step or none does. A rank that comes late (it was suspended,
+// say) fails instead of passing and going on to write its part of an
+// operation the others have abandoned; the ranks still waiting fail at once
+// too. Either way the barrier refuses every later wait: the ranks' steps no
+// longer match.
 //
 // Not thread-safe: one instance per rank, used by one thread.
 #ifndef TFRING_CC_SHM_BARRIER_H_
@@ -79,9 +89,19 @@ class ShmBarrier {
   struct alignas(64) RankLine;
   struct alignas(64) Doorbell;
 
+  enum class Verdict { kWaiting, kPassed, kGivenUp };
+
   RankLine& Line(int rank) const;
   Doorbell& Bell() const;
-  bool AllArrived(uint64_t target) const;
+  // Whether step `target` is passed, given up, or still waiting.
+  Verdict Check(uint64_t target) const;
+  // Gives up step `target` (above); false if it was passed meanwhile.
+  bool GiveUp(uint64_t target);
+  // The rank that gave the barrier up; valid once Check says so.
+  int Giver() const;
+  Status GivenUpStatus(const char* what, uint64_t target,
+                       std::chrono::nanoseconds timeout) const;
+  Status ExitedStatus(const char* what, const std::vector<int>& exited) const;
   std::vector<int> Missing(uint64_t target) const;
   // The missing ranks whose process no longer exists.
   std::vector<int> Exited(const std::vector<int>& missing) const;

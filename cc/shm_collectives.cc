@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "cc/reduce_kernels.h"
-#include "cc/shared_heap_info.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -24,10 +23,6 @@ constexpr size_t kReduceBlockBytes = 16 * 1024;
 // takes about half as long with 512 KiB chunks as with 16 MiB ones).
 constexpr size_t kLargestChunkBytes = 512 * 1024;
 constexpr int64_t kStreamFromBytes = 16 << 20;
-// The direct path writes separate outputs with streaming stores from this
-// size (measured: the held ResNet-50 set 18 ms instead of 23 ms; no gain
-// from 256 KiB).
-constexpr int64_t kDirectStreamFromBytes = 1 << 20;
 // Marks an exchange message that did not fit.
 constexpr uint64_t kOverflow = std::numeric_limits<uint64_t>::max();
 
@@ -76,7 +71,7 @@ bool IsSupportedOp(ReduceOp op) {
 
 size_t ShmCollectives::SegmentBytes(int size, size_t slot_bytes) {
   return ShmBarrier::Bytes(size) + 2 * static_cast<size_t>(size) * kExchangeAreaBytes +
-         static_cast<size_t>(size) * (kSpanTableBytes + slot_bytes);
+         static_cast<size_t>(size) * slot_bytes;
 }
 
 Status ShmCollectives::Attach(void* segment, size_t segment_bytes, int rank, int size,
@@ -118,13 +113,9 @@ char* ShmCollectives::ExchangeArea(uint64_t call, int rank) const {
   return segment_ + ShmBarrier::Bytes(size_) + (set * size_ + rank) * kExchangeAreaBytes;
 }
 
-char* ShmCollectives::SpanTable(int rank) const {
-  return segment_ + ShmBarrier::Bytes(size_) + 2 * static_cast<size_t>(size_) * kExchangeAreaBytes +
-         static_cast<size_t>(rank) * kSpanTableBytes;
-}
-
 char* ShmCollectives::Slot(int rank) const {
-  return SpanTable(size_) + static_cast<size_t>(rank) * slot_bytes_;
+  return segment_ + ShmBarrier::Bytes(size_) + 2 * static_cast<size_t>(size_) * kExchangeAreaBytes +
+         static_cast<size_t>(rank) * slot_bytes_;
 }
 
 int64_t ShmCollectives::ChunkBytes() const {
@@ -190,103 +181,7 @@ Status ShmCollectives::AllreduceSpans(const std::vector<ReduceSpan>& spans, Data
     total += span.count;
   }
   if (total == 0) return Status::OK();
-  if (!UsesHeaps()) return ChunkedAllreduce(spans, dtype, op);
-  std::vector<ReduceSpan> staged;
-  TFRING_RETURN_IF_ERROR(DirectAllreduce(spans, dtype, op, &staged));
-  return staged.empty() ? Status::OK() : ChunkedAllreduce(staged, dtype, op);
-}
-
-Status ShmCollectives::ShareHeapOffsets(const std::vector<int64_t>& words, const char* what) {
-  if (!words.empty()) {
-    std::memcpy(SpanTable(rank_) + kCacheLine, words.data(), words.size() * sizeof(int64_t));
-  }
-  return DataBarrier(what);
-}
-
-int64_t ShmCollectives::PeerWord(int rank, size_t index) const {
-  int64_t value;
-  std::memcpy(&value, SpanTable(rank) + kCacheLine + index * sizeof(int64_t), sizeof(value));
-  return value;
-}
-
-int64_t ShmCollectives::HeapOffset(const void* pointer, int64_t bytes) const {
-  const HeapView& own = heaps_[rank_];
-  const uintptr_t at = reinterpret_cast<uintptr_t>(pointer);
-  const uintptr_t base = reinterpret_cast<uintptr_t>(own.data);
-  if (at < base || at - base > own.capacity ||
-      own.capacity - (at - base) < static_cast<uint64_t>(bytes)) {
-    return -1;
-  }
-  return static_cast<int64_t>(at - base);
-}
-
-Status ShmCollectives::DirectAllreduce(const std::vector<ReduceSpan>& spans, DataType dtype,
-                                       ReduceOp op, std::vector<ReduceSpan>* staged) {
-  const int64_t element_bytes = DataTypeSize(dtype);
-  auto big_enough = [&](const ReduceSpan& span) {
-    return span.count * element_bytes >= static_cast<int64_t>(kSharedHeapSmallestBytes);
-  };
-  // Only spans of heap size can lie in the heaps; every rank sees the same
-  // sizes, so every rank skips the table together.
-  if (std::none_of(spans.begin(), spans.end(), big_enough)) {
-    *staged = spans;
-    return Status::OK();
-  }
-  // This rank's table: per span (as many as fit) the heap offsets of its
-  // input and output (-1: not in the heap).
-  constexpr size_t kEntryWords = 2;
-  const size_t capacity = (kSpanTableBytes - kCacheLine) / (kEntryWords * sizeof(int64_t));
-  const size_t entries = std::min(spans.size(), capacity);
-  std::vector<int64_t> words(kEntryWords * entries, -1);
-  for (size_t s = 0; s < entries; ++s) {
-    const ReduceSpan& span = spans[s];
-    if (!big_enough(span)) continue;
-    const int64_t bytes = span.count * element_bytes;
-    const int64_t input = HeapOffset(span.input, bytes);
-    const int64_t output = HeapOffset(span.output, bytes);
-    if (input < 0 || output < 0) continue;
-    words[kEntryWords * s] = input;
-    words[kEntryWords * s + 1] = output;
-  }
-  TFRING_RETURN_IF_ERROR(ShareHeapOffsets(words, "allreduce"));
-  auto entry = [&](int q, size_t s, size_t word) { return PeerWord(q, kEntryWords * s + word); };
-  std::vector<const char*> sources(size_);
-  std::vector<char*> results(size_);
-  bool any_direct = false;
-  for (size_t s = 0; s < spans.size(); ++s) {
-    const ReduceSpan& span = spans[s];
-    bool direct = s < entries;
-    for (int q = 0; q < size_ && direct; ++q) direct = entry(q, s, 0) >= 0 && entry(q, s, 1) >= 0;
-    if (!direct) {
-      staged->push_back(span);
-      continue;
-    }
-    any_direct = true;
-    direct_collectives_.fetch_add(1, std::memory_order_relaxed);
-    const int64_t begin = SliceStart(rank_, span.count, element_bytes);
-    const int64_t end = SliceStart(rank_ + 1, span.count, element_bytes);
-    if (begin == end) continue;
-    const int64_t at = begin * element_bytes;
-    // Outputs that differ from their inputs are written with streaming
-    // stores: their owner reads them later, after other work, and loading
-    // their lines first would add a third to the traffic.
-    const bool big = span.count * element_bytes >= kDirectStreamFromBytes;
-    uint64_t streamed = 0;
-    for (int q = 0; q < size_; ++q) {
-      const int64_t input = entry(q, s, 0);
-      const int64_t output = entry(q, s, 1);
-      sources[q] = heaps_[q].data + input + at;
-      results[q] = heaps_[q].data + output + at;
-      if (big && input != output && q < 64) streamed |= uint64_t{1} << q;
-    }
-    ReduceSlice(sources, results, end - begin, dtype, op, span.factor, span.divisor, streamed);
-  }
-  if (!any_direct) return Status::OK();
-  StreamFence();
-  // The slot path's first barrier, when there is one, comes after this
-  // rank's slices too.
-  if (!staged->empty()) return Status::OK();
-  return DataBarrier("allreduce");
+  return ChunkedAllreduce(spans, dtype, op);
 }
 
 namespace {
@@ -413,17 +308,6 @@ Status ShmCollectives::Broadcast(void* buffer, int64_t bytes, int root) {
   }
   if (bytes <= 0) return Status::OK();
   char* data = static_cast<char*>(buffer);
-  if (UsesHeaps() && bytes >= static_cast<int64_t>(kSharedHeapSmallestBytes)) {
-    // Direct when the root's buffer lies in its heap: the others copy it
-    // from there, then all meet so that it stays until they have.
-    TFRING_RETURN_IF_ERROR(ShareHeapOffsets({HeapOffset(buffer, bytes)}, "broadcast"));
-    const int64_t source = PeerWord(root, 0);
-    if (source >= 0) {
-      if (rank_ != root) std::memcpy(data, heaps_[root].data + source, bytes);
-      direct_collectives_.fetch_add(1, std::memory_order_relaxed);
-      return DataBarrier("broadcast");
-    }
-  }
   const int64_t chunk_bytes = ChunkBytes();
   // The root writes chunk c into chunk area c % 2 of its slot; the others
   // copy it out after the barrier. Writing chunk c + 2 into the same area
@@ -459,23 +343,6 @@ Status ShmCollectives::Allgatherv(const void* input, void* output,
   if (input != nullptr && bytes_per_rank[rank_] > 0) {
     std::memmove(out + offsets[rank_], mine, bytes_per_rank[rank_]);
     mine = out + offsets[rank_];
-  }
-  if (UsesHeaps() && largest >= static_cast<int64_t>(kSharedHeapSmallestBytes)) {
-    // Direct when every rank's part lies in its heap: each copies the
-    // others' parts from where they are, then all meet so that the parts
-    // stay until everyone has.
-    TFRING_RETURN_IF_ERROR(ShareHeapOffsets(
-        {bytes_per_rank[rank_] > 0 ? HeapOffset(mine, bytes_per_rank[rank_]) : 0}, "allgather"));
-    bool direct = true;
-    for (int q = 0; q < size_; ++q) direct = direct && PeerWord(q, 0) >= 0;
-    if (direct) {
-      for (int q = 0; q < size_; ++q) {
-        if (q == rank_ || bytes_per_rank[q] == 0) continue;
-        std::memcpy(out + offsets[q], heaps_[q].data + PeerWord(q, 0), bytes_per_rank[q]);
-      }
-      direct_collectives_.fetch_add(1, std::memory_order_relaxed);
-      return DataBarrier("allgather");
-    }
   }
   const int64_t chunk_bytes = ChunkBytes();
   // Round j: every rank puts bytes [j * chunk, (j + 1) * chunk) of its part

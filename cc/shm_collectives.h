@@ -9,8 +9,7 @@
 // microsecond when they are in step.
 //
 // Segment layout: the barrier; two sets of per-rank exchange areas (small
-// messages of the negotiation, used by alternate calls); one span table per
-// rank (Direct, below); one slot per rank.
+// messages of the negotiation, used by alternate calls); one slot per rank.
 //
 // Allreduce. Slice r of the data (cache-line aligned) is reduced by rank r
 // alone, folding the ranks' values in rank order, so every rank receives
@@ -28,21 +27,6 @@
 // out, so that costs no pass of its own. Only two chunks of each slot are
 // ever used: slots bigger than 1 MiB gain nothing.
 //
-// Direct. When every rank's heap is mapped here (UseHeaps, peer_heaps.h),
-// tensors of at least kSharedHeapSmallestBytes whose input and output lie in
-// their rank's heap on every rank skip the slots: each rank publishes the
-// heap offsets of its spans in its span table, the ranks meet at a barrier,
-// and rank r reduces slice r of every such span from all ranks' inputs
-// straight into all ranks' outputs (in the same rank order, so the bits are
-// those of the slot path). The data crosses between the processes once,
-// with no copy in or out. Nobody else touches slice r of any rank's input or
-// output meanwhile, so in-place tensors are safe; a last barrier (or the
-// first of the slot path for the remaining spans) keeps every input alive
-// and every output unread until all slices are done. Broadcasts and
-// allgathers of 64 KiB and more go direct the same way when the root's
-// buffer (or every rank's part) lies in its heap: each rank copies what it
-// receives straight from there, once.
-//
 // A rank reads another rank's slot only between two barriers that the owner
 // also passes, and reads its own slot after the barrier that follows the
 // others' writes, which is what makes one barrier per phase enough.
@@ -52,7 +36,6 @@
 #ifndef TFRING_CC_SHM_COLLECTIVES_H_
 #define TFRING_CC_SHM_COLLECTIVES_H_
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -67,21 +50,12 @@
 
 namespace tfring {
 
-// Rank q's heap as mapped in this process (peer_heaps.h).
-struct HeapView {
-  char* data = nullptr;
-  uint64_t capacity = 0;
-};
-
 class ShmCollectives {
  public:
   // Bytes of one rank's exchange area, length word included.
   static constexpr size_t kExchangeAreaBytes = 8 * 1024;
   // The largest message Exchange carries.
   static constexpr size_t kExchangeCapacity = kExchangeAreaBytes - 64;
-  // Bytes of one rank's span table: the heap offsets of a direct
-  // allreduce's spans (more spans than it holds take the slots).
-  static constexpr size_t kSpanTableBytes = 32 * 1024;
 
   // Bytes of a segment for `size` ranks with slots of `slot_bytes` (a
   // positive multiple of 128).
@@ -121,18 +95,6 @@ class ShmCollectives {
   Status Exchange(const void* data, size_t bytes,
                   std::vector<std::pair<const char*, size_t>>* views, bool* fits);
 
-  // From now on, reduce tensors that lie in the ranks' heaps directly
-  // (Direct, above). heaps[q] is rank q's heap as mapped here, heaps[rank()]
-  // this rank's own; every rank must call this with its own view of the
-  // same heaps before the same operation.
-  void UseHeaps(std::vector<HeapView> heaps) { heaps_ = std::move(heaps); }
-  bool UsesHeaps() const { return !heaps_.empty(); }
-  // Allreduce spans, broadcasts and allgathers done directly from the
-  // ranks' heaps so far.
-  uint64_t DirectCollectives() const {
-    return direct_collectives_.load(std::memory_order_relaxed);
-  }
-
   // Round calls among the ranks (shm_barrier.h); an Exchange that waits
   // for its peers calls them. Thread-safe.
   uint32_t RoundCalls() const { return barrier_.RoundCalls(); }
@@ -152,22 +114,10 @@ class ShmCollectives {
   // Bytes per chunk of a chunked operation (a half slot at most).
   int64_t ChunkBytes() const;
   char* ExchangeArea(uint64_t call, int rank) const;
-  char* SpanTable(int rank) const;
   Status DataBarrier(const char* what) { return barrier_.Wait(what, timeout_); }
   // The first element of slice `r` of `count` elements (cache-line aligned).
   int64_t SliceStart(int r, int64_t count, int64_t element_bytes) const;
   Status ChunkedAllreduce(const std::vector<ReduceSpan>& spans, DataType dtype, ReduceOp op);
-  // Reduces the spans that lie in every rank's heap directly (Direct, above)
-  // and appends the others to *staged, for the slots.
-  Status DirectAllreduce(const std::vector<ReduceSpan>& spans, DataType dtype, ReduceOp op,
-                         std::vector<ReduceSpan>* staged);
-  // This rank's heap offset of [pointer, pointer + bytes), or -1.
-  int64_t HeapOffset(const void* pointer, int64_t bytes) const;
-  // Publishes `words` (heap offsets; at most the span table's capacity) in
-  // this rank's span table and meets the other ranks; PeerWord(q, i) is
-  // then rank q's word i, until this rank's next data operation.
-  Status ShareHeapOffsets(const std::vector<int64_t>& words, const char* what);
-  int64_t PeerWord(int rank, size_t index) const;
   // Reduces `count` elements of the ranks' data, rank q's at sources[q],
   // scales the result by factor / divisor, and writes it to every pointer in
   // `results`; to results[i] with streaming stores where bit i of `streamed`
@@ -184,8 +134,6 @@ class ShmCollectives {
   ShmBarrier barrier_;
   uint64_t exchanges_ = 0;
   std::vector<char> block_;  // this rank's reduction scratch
-  std::vector<HeapView> heaps_;  // empty: no direct reductions
-  std::atomic<uint64_t> direct_collectives_{0};  // read by other threads
 };
 
 }  // namespace tfring

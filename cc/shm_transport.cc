@@ -11,7 +11,6 @@
 #include <utility>
 
 #include "cc/logging.h"
-#include "cc/peer_heaps.h"
 
 namespace tfring {
 namespace {
@@ -106,18 +105,6 @@ Status ShmTransport::Connect(Transport* inner, std::unique_ptr<Transport> owned,
   // Every rank has mapped the segment (or given up): its name can go.
   if (rank == 0) segment->Unlink();
   if (all_opened[0] == 0) return Status::OK();
-  if (config.shared_heap != 0) {
-    std::vector<HeapView> heaps;
-    std::string why_not;
-    TFRING_RETURN_IF_ERROR(ConnectPeerHeaps(inner, &heaps, &why_not));
-    if (!heaps.empty()) {
-      shm->UseHeaps(std::move(heaps));
-    } else if (rank == 0) {
-      TFRING_LOG(kInfo, "the ranks' shared heaps are not used, tensors go through the "
-                        "segment's slots: "
-                            << why_not);
-    }
-  }
   transport->reset(new ShmTransport(inner, std::move(*transport), std::move(segment),
                                     std::move(shm)));
   return Status::OK();

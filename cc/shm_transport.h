@@ -18,10 +18,6 @@
 // too-small /dev/shm, say), every rank keeps the wrapped transport, and a
 // failure is logged with its fix.
 //
-// Where every rank of the host runs with the shared heap preloaded, Connect
-// also maps the ranks' heaps (peer_heaps.h), so large tensors are reduced
-// where they lie instead of through the slots.
-//
 // Round calls: a rank waiting in a negotiation step for peers calls them
 // through the segment (shm_barrier.h); a watcher thread per rank passes the
 // call on (WatchRoundCalls), so idle ranks need no rounds of their own.
@@ -73,11 +69,6 @@ class ShmTransport : public Transport {
                    const std::vector<int64_t>& recv_bytes) override;
   Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op) override;
-  // Whether tensors in the ranks' shared heaps are reduced in place there
-  // (peer_heaps.h).
-  bool UsesPeerHeaps() const { return shm_->UsesHeaps(); }
-  // Collectives done that way so far (ShmCollectives::DirectCollectives).
-  uint64_t DirectCollectives() const { return shm_->DirectCollectives(); }
   bool WatchRoundCalls(std::function<void()> on_call) override;
   void StopWatchingRoundCalls() override;
   ~ShmTransport() override { StopWatchingRoundCalls(); }

@@ -45,21 +45,12 @@ def mpirun_path():
         sys.prefix, "bin", "mpirun")
 
 
-def shared_heap_library():
-    """This working tree's libtfring_shared_heap.so (built by setup.py)."""
-    path = os.path.join(REPO, "tfring", "libtfring_shared_heap.so")
-    assert os.path.isfile(path), f"{path} is not built: run setup.py build_ext"
-    return path
-
-
-def mpirun_command(num_ranks, argv, forward_env=(), preload=None):
+def mpirun_command(num_ranks, argv, forward_env=()):
     """The command that runs `argv` on `num_ranks` ranks of this machine.
 
     With one rank, `argv` itself: MPI then starts as a singleton. Variables
     named in `forward_env` are passed with -x (needed across hosts; locally
-    the ranks inherit mpirun's environment anyway); `preload` becomes the
-    ranks' LD_PRELOAD, as tfringrun sets it (-x: a preload in mpirun's own
-    environment would load into mpirun).
+    the ranks inherit mpirun's environment anyway).
     """
     if num_ranks == 1:
         return list(argv)
@@ -69,8 +60,6 @@ def mpirun_command(num_ranks, argv, forward_env=(), preload=None):
         command.append("--allow-run-as-root")
     for name in forward_env:
         command += ["-x", name]
-    if preload:
-        command += ["-x", f"LD_PRELOAD={preload}"]
     return command + list(argv)
 
 
@@ -118,27 +107,18 @@ def _kill_tagged(tag):
                                     pause_s=0.2)
 
 
-def launch(argv, num_ranks, timeout, env=None, cwd=None,
-           shared_heap=False):
+def launch(argv, num_ranks, timeout, env=None, cwd=None):
     """Runs `argv` on `num_ranks` ranks; returns a LaunchResult.
 
     Every TFRING_* variable in `env` (default: this process's environment)
-    is forwarded to the ranks. With `shared_heap` the ranks run with this
-    tree's shared heap preloaded, as tfringrun runs a one-host job. Never
-    hangs: after `timeout` seconds the job and all its processes are ended
+    is forwarded to the ranks. Never hangs: after `timeout` seconds the job and all its processes are ended
     and `timed_out` is set.
     """
     env = dict(os.environ if env is None else env)
-    # Tells the ranks' tests which way they were started.
-    env["TFRING_TEST_SHARED_HEAP"] = "1" if shared_heap else "0"
     # The tag itself is set by launch_command().
     forward = sorted({k for k in env if k.startswith("TFRING_")}
                      | {TAG_VARIABLE})
-    preload = shared_heap_library() if shared_heap else None
-    if preload and num_ranks == 1:
-        env["LD_PRELOAD"] = preload  # the rank itself, no mpirun
-        preload = None
-    command = mpirun_command(num_ranks, argv, forward, preload)
+    command = mpirun_command(num_ranks, argv, forward)
     return launch_command(command, timeout, env=env, cwd=cwd)
 
 

@@ -74,18 +74,17 @@ def _env(**extra):
     return env
 
 
-def _run_pytest(files, num_ranks, env, shared_heap=True):
+def _run_pytest(files, num_ranks, env):
     """One job: pytest on `files` (names in tests/distributed) at
-    `num_ranks` ranks, with the shared heap preloaded as tfringrun does on
-    one host unless `shared_heap` is false; stops at the first failure
-    (conftest aborts every rank then)."""
+    `num_ranks` ranks; stops at the first failure (conftest aborts every
+    rank then)."""
     argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p",
             "no:cacheprovider", "-o",
             f"faulthandler_timeout={STACK_DUMP_SECONDS}"]
     argv += [str(DISTRIBUTED / name) for name in files]
     timeout = TIMEOUT_BASE_SECONDS + TIMEOUT_PER_FILE_SECONDS * len(files)
     return mpi_launch.launch(argv, num_ranks, timeout, env=env,
-                             cwd=str(REPO), shared_heap=shared_heap)
+                             cwd=str(REPO))
 
 
 # Lines that name a failing test: conftest's banner on the rank that
@@ -120,41 +119,6 @@ def test_collectives_with_small_fusion_threshold():
     # Sizes just under, at and over a 4 KiB threshold, alone and in batches.
     _assert_passed(_run_pytest(["test_collectives.py"], 3,
                                _env(TFRING_FUSION_THRESHOLD="4096")))
-
-
-def test_collectives_without_the_shared_heap():
-    # Every tensor through the segment's slots, as under plain mpirun.
-    _assert_passed(_run_pytest(["test_collectives.py", "test_data_paths.py"],
-                               3, _env(), shared_heap=False))
-
-
-_HEAP_STATE_SCRIPT = textwrap.dedent("""
-    import numpy as np
-    import tensorflow as tf
-    import tfring
-    tfring.init()
-    y = tfring.allreduce(tf.fill([300000], float(tfring.rank())), op=tfring.Sum)
-    assert np.all(y.numpy() == sum(range(tfring.size()))), y.numpy()[:4]
-    print(f"rank {tfring.rank()} heap {tfring.shared_heap_enabled()} "
-          f"shm {tfring.shm_enabled()}", flush=True)
-""")
-
-
-def test_a_rank_without_the_shared_heap_turns_it_off_for_all():
-    # Three ranks with the heap preloaded; the last starts through env(1),
-    # which the preloaded library leaves without it. The ranks agree to use
-    # no heap, and the allreduce goes through the slots.
-    python = [sys.executable, "-c", _HEAP_STATE_SCRIPT]
-    env = _env(PYTHONPATH=str(REPO))
-    command = mpi_launch.mpirun_command(
-        2, python, ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"],
-        preload=mpi_launch.shared_heap_library())
-    command += [":", "-np", "1", "env", *python]
-    result = mpi_launch.launch_command(command, 300, env=env, cwd=str(REPO))
-    assert result.returncode == 0 and not result.timed_out, result.describe()
-    for rank in range(3):
-        assert f"rank {rank} heap False shm True" in result.output, \
-            result.describe()
 
 
 def test_process_sets_at_four_ranks():

@@ -20,11 +20,11 @@ JOB_TIMEOUT_S = 120
 SURVIVOR_BOUND_S = 10.0
 
 
-def _run(mode, ranks, extra_env=None, shared_heap=False):
+def _run(mode, ranks, extra_env=None, args=()):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2",
                **(extra_env or {}))
-    return launch([sys.executable, SCRIPT, mode], ranks, timeout=JOB_TIMEOUT_S,
-                  env=env, cwd=str(ROOT), shared_heap=shared_heap)
+    return launch([sys.executable, SCRIPT, mode, *args], ranks, timeout=JOB_TIMEOUT_S,
+                  env=env, cwd=str(ROOT))
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -56,13 +56,12 @@ def test_killed_rank_ends_the_job(ranks):
     assert "UNEXPECTED_SUCCESS" not in result.output
 
 
-@pytest.mark.parametrize("shared_heap", [False, True], ids=["slots", "heaps"])
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_rank_killed_inside_a_shared_memory_allreduce_ends_the_job(ranks, shared_heap):
-    result = _run("kill_in_allreduce", ranks, shared_heap=shared_heap)
+def test_rank_killed_inside_a_shared_memory_allreduce_ends_the_job(ranks):
+    result = _run("kill_in_allreduce", ranks)
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()
-    assert f"rank 0 SHM True HEAP {shared_heap}" in result.output, result.describe()
+    assert "rank 0 SHM True" in result.output, result.describe()
     assert "UNEXPECTED_SUCCESS" not in result.output
     # mpirun usually ends the survivors first; a survivor that noticed the
     # dead peer itself must have said which one.
@@ -70,6 +69,48 @@ def test_rank_killed_inside_a_shared_memory_allreduce_ends_the_job(ranks, shared
     for match in re.finditer(r"rank \d+ ABORTED after [0-9.]+ s: (.*)", result.output):
         assert f"rank {last}" in match.group(1), result.describe()
         assert "exited" in match.group(1), result.describe()
+
+
+def _run_held(ranks, after_failure, linger_s, tmp_path):
+    return _run("stop_in_allreduce", ranks,
+                {"TFRING_SHM_TIMEOUT_SECONDS": "1",
+                 "TFRING_TEST_LINGER_SECONDS": str(linger_s)},
+                args=(str(tmp_path / "failed"), after_failure))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rank_held_inside_a_shared_memory_allreduce_fails_it_on_every_rank(ranks, tmp_path):
+    # The last rank is suspended inside an allreduce long enough for the
+    # others to give up on it, then resumed while they still run: it must
+    # fail that allreduce too, not complete it alone (writing its part into
+    # memory the others have abandoned).
+    result = _run_held(ranks, "resume", 8, tmp_path)
+    assert not result.timed_out, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output, result.describe()
+    last = ranks - 1
+    for rank in range(last):
+        match = re.search(rf"rank {rank} ABORTED after [0-9.]+ s: (.*)", result.output)
+        assert match, result.describe()
+        assert f"rank {last} did not reach a shared-memory allreduce within 1 s" \
+            in match.group(1), result.describe()
+    match = re.search(rf"rank {last} ABORTED after [0-9.]+ s: (.*)", result.output)
+    assert match, result.describe()
+    assert (f"gave up on a shared-memory allreduce before rank {last} arrived"
+            in match.group(1)), result.describe()
+    assert f"so rank {last} fails it too" in match.group(1), result.describe()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_survivors_exit_ends_the_job_while_the_held_rank_sleeps(ranks, tmp_path):
+    # The held rank stays suspended: MPI_Finalize on the others would wait
+    # for it forever; they end the job with the error instead.
+    result = _run_held(ranks, "keep", 0, tmp_path)
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output, result.describe()
+    assert re.search(r"rank 0 ABORTED after [0-9.]+ s: .*did not reach a shared-memory "
+                     r"allreduce", result.output), result.describe()
+    assert "ending the job instead of finalizing MPI" in result.output, result.describe()
 
 
 def test_stall_warning_names_missing_rank_then_completes():

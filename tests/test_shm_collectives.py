@@ -3,13 +3,12 @@
 Compiles tests/cc/shm_collectives_test.cc with only the core files it needs
 (no MPI) and runs each scenario, ranks as processes: allreduce of every op
 and dtype at 1 to 3 ranks on odd counts up to many chunks, chunked, in place
-and staged, bitwise against a reference and across ranks; the direct path
-from the ranks' heaps, mixed with tensors that must take the slots;
-thousands of mixed calls; broadcast from every root; allgatherv of uneven
-parts; exchange up to its capacity; the barrier across processes; a peer
-killed during an allreduce (on the slots or direct) or an exchange, and a
-peer that stops taking part (Aborted, naming its job rank); argument and
-segment errors.
+and staged, bitwise against a reference and across ranks; thousands of
+mixed calls; broadcast from every root; allgatherv of uneven parts; exchange
+up to its capacity; the barrier across processes, and its one outcome for
+every rank when a late peer comes after the others gave up; a peer killed
+during an allreduce or an exchange, and a peer that stops taking part
+(Aborted, naming its job rank); argument and segment errors.
 """
 from pathlib import Path
 

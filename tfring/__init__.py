@@ -25,7 +25,6 @@ from tfring.basics import (
     nccl_built,
     rank,
     rocm_built,
-    shared_heap_enabled,
     shm_enabled,
     shutdown,
     size,

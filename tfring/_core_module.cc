@@ -148,10 +148,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", &tfring::IsInitialized);
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
   m.def("shm_enabled", &tfring::SharedMemoryEnabled);
-  m.def("shared_heaps_enabled", &tfring::SharedHeapsEnabled);
-  m.def("direct_collectives", &tfring::DirectCollectives,
-        "Allreduced tensors, broadcasts and allgathers the global set has done straight "
-        "from the ranks' shared heaps.");
   m.def(
       "data_path",
       [] {

@@ -261,16 +261,6 @@ def shm_enabled():
     return bool(_core.shm_enabled())
 
 
-def shared_heap_enabled():
-    """Whether the ranks also reduce large tensors (64 KiB and more) straight
-    from each other's memory: shared memory is in use and every rank runs
-    with libtfring_shared_heap.so preloaded (tfringrun does so on one host)
-    and TFRING_SHARED_HEAP not 0. Otherwise such tensors go through the
-    shared segment."""
-    _check_initialized("tfring.shared_heap_enabled()")
-    return bool(_core.shared_heaps_enabled())
-
-
 def data_path():
     """How allreduces of the global set move data: 'shared_memory' (every
     rank on one host), 'hierarchical' (several hosts with the same number of

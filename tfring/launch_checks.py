@@ -239,19 +239,6 @@ def _shm_reason(report, result):
     return "rank 0 gave no reason; run with --log-level debug"
 
 
-def _shared_heap_line(report):
-    """What the check says about the ranks' shared heaps."""
-    if report.get("shared_heap"):
-        return "yes (tensors of 64 KiB and more reduced in the ranks' memory)"
-    if not report.get("shm"):
-        return "no: it needs shared memory"
-    if report.get("config", {}).get("TFRING_SHARED_HEAP") == "0":
-        return "no: TFRING_SHARED_HEAP=0 (or --no-shared-heap) turns it off"
-    return ("no: libtfring_shared_heap.so is not preloaded in every rank "
-            "(tfringrun preloads it on one host); large tensors go through "
-            "the shared-memory slots")
-
-
 def job_findings(result, timeout, launcher_text, mpirun):
     """Findings from the 2-rank allreduce job's result and reports."""
     reports = result.reports()
@@ -295,7 +282,6 @@ def job_findings(result, timeout, launcher_text, mpirun):
     findings.append(Finding(
         "shared memory", "yes (2 ranks on one host)" if rank0["shm"]
         else f"no: {_shm_reason(rank0, result)}; the ranks use MPI"))
-    findings.append(Finding("shared heap", _shared_heap_line(rank0)))
     floats, ints = launch_probes.expected_sums(2)
     wrong = [r for r in by_rank
              if r["float_sum"] != floats or r["int_sum"] != ints]
@@ -343,8 +329,7 @@ def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
                             sys.executable, "-m", "tfring.launch_probes",
                             "allreduce"])
         command = launch_command.mpirun_command(
-            job, mpirun, environ, euid, cpu_count,
-            heap_library=launch_command.installed_heap_library())
+            job, mpirun, environ, euid, cpu_count)
         if args.verbose:
             print(f"  running: {shlex.join(command)}", file=out, flush=True)
         # Started as tfringrun starts a job (mpirun's listeners on loopback).

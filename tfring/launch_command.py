@@ -224,12 +224,6 @@ def installed_loopback_library():
     return _installed_library("libtfring_loopback_listeners.so")
 
 
-def installed_heap_library():
-    """libtfring_shared_heap.so next to this package, or None where it was
-    not built (not Linux)."""
-    return _installed_library("libtfring_shared_heap.so")
-
-
 def _preload(library, environ):
     """LD_PRELOAD with `library` ahead of the user's own preloads."""
     return ":".join([library] +
@@ -279,23 +273,6 @@ def listener_options(args, mpirun, environ, loopback_library):
             "-x", f"LD_PRELOAD={preload}", "-x", f"{LISTEN_ON_VARIABLE}={spec}"]
 
 
-def shared_heap_options(args, environ, heap_library):
-    """For a one-host job: `-x LD_PRELOAD=` with the shared heap
-    (tfring/shared_heap.cc) ahead of the user's own preloads, so the ranks
-    can reduce large tensors straight from each other's memory. Nothing
-    when the library was not built, the ranks span hosts, or shared memory
-    or the heap is turned off (by flag or in the environment)."""
-    if not heap_library or not ranks_share_one_host(args):
-        return []
-    chosen = launch_knobs.settings(args)
-    for knob in ("TFRING_SHM", "TFRING_SHARED_HEAP"):
-        if chosen.get(knob, environ.get(knob, "1")).strip() == "0":
-            return []
-    if any(c.isspace() for c in heap_library):
-        return []  # the dynamic loader splits LD_PRELOAD at spaces
-    return ["-x", "LD_PRELOAD=" + _preload(heap_library, environ)]
-
-
 def forwarded_environment(args, environ):
     """`-x` options: TFRING_* and PYTHONPATH from `environ`, with the values
     set by tfringrun's TFRING_* flags taking precedence."""
@@ -311,7 +288,7 @@ def forwarded_environment(args, environ):
 
 
 def mpirun_command(args, mpirun, environ, euid, cpu_count,
-                   loopback_library=None, heap_library=None):
+                   loopback_library=None):
     """Builds the full mpirun command line for parsed `args`.
 
     A pure function of its inputs so it can be tested without MPI."""
@@ -329,7 +306,6 @@ def mpirun_command(args, mpirun, environ, euid, cpu_count,
     command += ["--bind-to", "none"]
     command += network_options(args, environ)
     command += listener_options(args, mpirun, environ, loopback_library)
-    command += shared_heap_options(args, environ, heap_library)
     if args.output_filename is not None:
         command += ["--output", "file=" + os.path.join(
             args.output_filename, OUTPUT_FILE_PREFIX)]

@@ -107,13 +107,6 @@ KNOB_FLAGS = (
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
              "seconds to wait for a live peer in a shared-memory operation "
              "(default 30)", SECONDS),
-    KnobFlag(("--no-shared-heap",), "TFRING_SHARED_HEAP",
-             "on one host, do not preload the shared heap that lets ranks "
-             "reduce large tensors straight from each other's memory",
-             const="0"),
-    KnobFlag(("--shared-heap-bytes",), "TFRING_SHARED_HEAP_BYTES",
-             "bytes of address space each rank's shared heap reserves "
-             "(default: the host's physical memory)", BYTES),
     KnobFlag(("--no-cpu-binding",), "TFRING_CPU_BINDING",
              "leave each rank free to run on every CPU of its host instead "
              "of binding it to its own share of them", const="0"),

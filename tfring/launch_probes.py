@@ -127,7 +127,6 @@ def allreduce_probe():
         rank, size = tfring.rank(), tfring.size()
         report.update(rank=rank, size=size, local_size=tfring.local_size(),
                       shm=tfring.shm_enabled(),
-                      shared_heap=tfring.shared_heap_enabled(),
                       nccl=tfring.nccl_built())
         report["config"] = {entry["env"]: entry["value"]
                             for entry in _core.config()}

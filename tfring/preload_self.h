@@ -1,13 +1,11 @@
-// How a library that tfringrun preloads takes itself out of LD_PRELOAD, so
-// the programs its process starts (compilers, shells, helpers) do not load
-// it too. Shared by the preloaded libraries (tfring/loopback_listeners.cc,
-// tfring/shared_heap.cc), which depend on nothing of tfring's and so cannot
-// share a .cc file.
+// How a library that tfringrun preloads (tfring/loopback_listeners.cc)
+// takes itself out of LD_PRELOAD, so the programs its process starts
+// (compilers, shells, helpers) do not load it too. The preloaded library
+// depends on nothing of tfring's, hence a header of its own.
 //
-// Header only. The functions are hidden, so that two preloaded libraries
-// do not resolve to one copy; and each library passes the address of one of
-// its own internal symbols, so dladdr names that library and not whichever
-// defined the code first.
+// Header only. The functions are hidden, so that they never resolve to a
+// copy in another library; the caller passes the address of one of its own
+// internal symbols, so dladdr names the preloaded library itself.
 #ifndef TFRING_TFRING_PRELOAD_SELF_H_
 #define TFRING_TFRING_PRELOAD_SELF_H_
 
@@ -52,17 +50,9 @@ __attribute__((visibility("hidden"))) inline void RemoveSelfFromPreload(
   const char* preload = std::getenv("LD_PRELOAD");
   const std::string self = OwnPath(any_symbol_in_this_library);
   if (preload == nullptr || self.empty()) return;
-  // Walks the entries in place rather than through Split, so that a library
-  // using only this function instantiates (and exports) no std::vector.
-  const std::string text = preload;
   std::string kept;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find_first_of(": ", start);
-    if (end == std::string::npos) end = text.size();
-    const std::string entry = text.substr(start, end - start);
-    if (!entry.empty() && entry != self) kept += (kept.empty() ? "" : ":") + entry;
-    start = end + 1;
+  for (const std::string& entry : Split(preload, ": ")) {
+    if (entry != self) kept += (kept.empty() ? "" : ":") + entry;
   }
   if (kept.empty()) {
     unsetenv("LD_PRELOAD");

@@ -185,8 +185,7 @@ def main(argv=None):
     if not args.command:
         return 0
     library = launch_command.installed_loopback_library()
-    command = launch_command.mpirun_command(
-        args, *facts, library, launch_command.installed_heap_library())
+    command = launch_command.mpirun_command(args, *facts, library)
     if args.verbose:
         print(shlex.join(command), file=sys.stderr, flush=True)
     env = launch_command.launcher_environment(args, os.environ, library)

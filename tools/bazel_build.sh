@@ -19,8 +19,7 @@ if ! command -v bazel >/dev/null || [[ ! -d /usr/share/bazel/rules/java ]]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q bazel-bootstrap bazel-rules-java >/dev/null
 fi
 
-targets=(//:tfring_core //:tfring_core_module //:tfring_ops //:tfring_loopback_listeners
-         //:tfring_shared_heap)
+targets=(//:tfring_core //:tfring_core_module //:tfring_ops //:tfring_loopback_listeners)
 echo "[bazel] bazel build ${targets[*]}"
 bazel build --noshow_progress "${targets[@]}"
 

@@ -18,8 +18,7 @@
 //        shm_collectives_test bench <ranks> <MiB> [slot KiB]
 // Prints "PASS <scenario>" or "FAIL <scenario>: why" per scenario and exits
 // non-zero if any failed; `bench` prints median and best times of a float32
-// Sum (chunked, chunked in place, as spans, direct from heaps and direct in
-// place) next to a memcpy of the same bytes
+// Sum (chunked, chunked in place, as spans) next to a memcpy of the same bytes
 // (no assertions). Driven from tests/test_shm_collectives.py.
 
 #include <signal.h>
@@ -298,48 +297,8 @@ void RunProcesses(int size, const ProcessOptions& options,
   }
 }
 
-// The direct path's heaps: one shared anonymous mapping per rank, made
-// before the ranks fork, so every rank sees every heap, as ranks that map
-// each other's shared heaps do (peer_heaps.h). A rank allocates from its
-// own with HeapAllocate.
-struct TestHeaps {
-  std::vector<HeapView> views;
-  int rank = -1;
-  size_t used = 0;
-};
-
-TestHeaps& Heaps() {
-  static auto* heaps = new TestHeaps();
-  return *heaps;
-}
-
-void MakeHeaps(int size, size_t bytes) {
-  TestHeaps& heaps = Heaps();
-  for (HeapView& view : heaps.views) munmap(view.data, view.capacity);
-  heaps = TestHeaps();
-  for (int q = 0; q < size && bytes > 0; ++q) {
-    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    EXPECT_TRUE(data != MAP_FAILED, "mmap of a test heap: " << std::strerror(errno));
-    heaps.views.push_back(HeapView{static_cast<char*>(data), bytes});
-  }
-}
-
-// `bytes` bytes of this rank's heap, page aligned, as the shared heap
-// hands out.
-char* HeapAllocate(size_t bytes) {
-  TestHeaps& heaps = Heaps();
-  const size_t rounded = (bytes + 4095) / 4096 * 4096;
-  EXPECT_TRUE(heaps.rank >= 0 && heaps.used + rounded <= heaps.views[heaps.rank].capacity,
-              "test heap exhausted");
-  char* at = heaps.views[heaps.rank].data + heaps.used;
-  heaps.used += rounded;
-  return at;
-}
-
 struct RankOptions {
   int size = 1;
-  // Bytes of each rank's heap; 0: no heaps, no direct path.
-  size_t heap_bytes = 0;
   size_t slot_bytes = kTestSlotBytes;
   std::chrono::nanoseconds timeout = kDataTimeout;
   // Name the ranks kJobRanks[r] instead of r.
@@ -360,7 +319,6 @@ void RunRanks(const RankOptions& options, const RankBody& body) {
   std::vector<int> job_ranks;
   for (int r = 0; r < size; ++r) job_ranks.push_back(options.job_ranks ? kJobRanks[r] : r);
   bool unlinked = false;
-  MakeHeaps(size, options.heap_bytes);
   RunProcesses(
       size, options.process,
       [&](int rank, Shared& shared) {
@@ -373,10 +331,6 @@ void RunRanks(const RankOptions& options, const RankBody& body) {
             ShmCollectives::Attach(mine->data(), mine->size(), rank, size, options.slot_bytes,
                                    job_ranks, options.timeout, &shm);
         EXPECT_TRUE(attached.ok(), attached.message());
-        if (!Heaps().views.empty()) {
-          Heaps().rank = rank;
-          shm->UseHeaps(Heaps().views);
-        }
         body(rank, *shm, shared);
       },
       [&](Shared& shared) {
@@ -727,120 +681,6 @@ void AllreduceSpansEveryDtype() {
   }
 }
 
-// The direct path (UseHeaps): spans in every rank's heap are reduced from
-// the ranks' inputs into their outputs, the others (small, or outside the
-// heap on some rank) through the slots, in one call; every result equals the
-// reference bit for bit, inputs held elsewhere stay untouched, and the
-// engine counts exactly the spans that could go direct.
-void AllreduceDirectSpans() {
-  constexpr int64_t kHeapFrom = 64 * 1024;
-  enum class Place { kHeap, kHeapInPlace, kPrivate, kPrivateOnLastRank };
-  for (int size = 1; size <= 3; ++size) {
-    for (DataType dtype : kDtypes) {
-      const ReduceOp op = kOps[(static_cast<int>(dtype) + size) % 4];
-      const int64_t element_bytes = DataTypeSize(dtype);
-      const bool real = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
-                        dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
-      std::mt19937_64 random(static_cast<uint64_t>(dtype) * 11 + size);
-      struct Plan {
-        int64_t count;
-        Place place;
-        double factor;
-        int64_t divisor;
-      };
-      std::vector<Plan> plans;
-      uint64_t expected_direct = 0;
-      for (int t = 0; t < 16; ++t) {
-        const int64_t counts[] = {7, kHeapFrom / element_bytes - 1, kHeapFrom / element_bytes,
-                                  kHeapFrom / element_bytes + 1 +
-                                      static_cast<int64_t>(random() % 99991),
-                                  static_cast<int64_t>(random() % 300000) + kHeapFrom};
-        Plan plan{counts[random() % 5], static_cast<Place>(random() % 4), 1.0, 1};
-        if (random() % 3 == 0) {
-          plan.divisor = size;
-          if (real) plan.factor = 0.25;
-        }
-        // kPrivateOnLastRank: in the heap on every rank but the last.
-        const bool heap = plan.place == Place::kHeap || plan.place == Place::kHeapInPlace;
-        if (heap && plan.count * element_bytes >= kHeapFrom) ++expected_direct;
-        plans.push_back(plan);
-      }
-      RankOptions options;
-      options.size = size;
-      options.heap_bytes = 64 << 20;
-      RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
-        std::vector<std::vector<Bytes>> inputs(plans.size());  // [tensor][rank]
-        std::vector<Bytes> privates(plans.size()), private_outputs(plans.size());
-        std::vector<ReduceSpan> spans;
-        std::vector<char*> outputs;
-        std::vector<const char*> held;  // separate inputs, to check untouched
-        for (size_t t = 0; t < plans.size(); ++t) {
-          for (int q = 0; q < size; ++q) {
-            inputs[t].push_back(RandomInput(dtype, op, plans[t].count, t * 37 + q * 5 + 3));
-          }
-          const size_t bytes = plans[t].count * element_bytes;
-          const bool heap = plans[t].place == Place::kHeap ||
-                            plans[t].place == Place::kHeapInPlace ||
-                            (plans[t].place == Place::kPrivateOnLastRank && rank != size - 1);
-          const bool in_place = plans[t].place == Place::kHeapInPlace;
-          char* input;
-          if (heap) {
-            input = HeapAllocate(bytes);
-            std::memcpy(input, inputs[t][rank].data(), bytes);
-          } else {
-            privates[t] = inputs[t][rank];
-            input = reinterpret_cast<char*>(privates[t].data());
-          }
-          char* output = input;
-          if (!in_place) {
-            private_outputs[t].assign(bytes, kFill);
-            output =
-                heap ? HeapAllocate(bytes) : reinterpret_cast<char*>(private_outputs[t].data());
-            std::memset(output, kFill, bytes);
-          }
-          ReduceSpan span;
-          span.input = input;
-          span.output = output;
-          span.count = plans[t].count;
-          span.factor = plans[t].factor;
-          span.divisor = plans[t].divisor;
-          spans.push_back(span);
-          outputs.push_back(output);
-          held.push_back(in_place ? nullptr : input);
-        }
-        const std::string what = std::string("direct spans of ") + DataTypeName(dtype) + " " +
-                                 ReduceOpName(op) + " on " + std::to_string(size) + " ranks";
-        for (int repeat = 0; repeat < 2; ++repeat) {
-          if (repeat == 1) {  // again, over the results: the same call twice
-            for (size_t t = 0; t < plans.size(); ++t) {
-              std::memcpy(const_cast<void*>(spans[t].input), inputs[t][rank].data(),
-                          plans[t].count * element_bytes);
-            }
-          }
-          const Status status = shm.AllreduceSpans(spans, dtype, op);
-          EXPECT_TRUE(status.ok(), what << ": " << status.message());
-          for (size_t t = 0; t < plans.size(); ++t) {
-            const size_t bytes = plans[t].count * element_bytes;
-            Bytes expected = Reference(dtype, op, inputs[t], plans[t].count);
-            ScaleCopy(dtype, expected.data(), expected.data(), plans[t].count, plans[t].factor,
-                      plans[t].divisor);
-            const int64_t at = FirstDifference(expected.data(), outputs[t], bytes);
-            EXPECT_TRUE(at < 0, what << ": tensor " << t << " of " << plans[t].count
-                                     << " elements differs at byte " << at);
-            if (held[t] != nullptr) {
-              ExpectSameBytes(inputs[t][rank].data(), held[t], bytes,
-                              what + ": the input of tensor " + std::to_string(t));
-            }
-          }
-        }
-        EXPECT_TRUE(shm.DirectCollectives() == 2 * expected_direct,
-                    what << ": " << shm.DirectCollectives() << " spans went direct, not "
-                         << 2 * expected_direct);
-      });
-    }
-  }
-}
-
 // A rank that waits at a negotiation step for a peer that does not come
 // calls it to a round (shm_barrier.h): the late rank, sleeping on the
 // round-call word as a watcher does, wakes up to a changed value.
@@ -1105,92 +945,6 @@ void AllgathervLayouts() {
   }
 }
 
-// Broadcast and allgatherv on the direct path: buffers in the ranks' heaps
-// (64 KiB and more go direct), or, to fall back to the slots, the root's
-// (or one rank's part) outside its heap. Results exact, nothing written
-// outside the buffers, and the engine counts exactly the direct ones.
-void BroadcastAndAllgatherDirect() {
-  constexpr int64_t kBig = 200003;  // > 64 KiB, not a multiple of anything
-  for (int size = 1; size <= 3; ++size) {
-    RankOptions options;
-    options.size = size;
-    options.heap_bytes = 16 << 20;
-    RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
-      uint64_t expected_direct = 0;
-      // A buffer of `bytes` with guards, in this rank's heap or not.
-      std::vector<Bytes> privates;
-      auto buffer = [&](int64_t bytes, bool in_heap) {
-        const int64_t total = bytes + 2 * kGuard;
-        unsigned char* at;
-        if (in_heap) {
-          at = reinterpret_cast<unsigned char*>(HeapAllocate(total));
-        } else {
-          privates.emplace_back(total);
-          at = privates.back().data();
-        }
-        std::fill(at, at + total, kFill);
-        return at + kGuard;
-      };
-      for (int root = 0; root < size; ++root) {
-        for (int64_t bytes : {int64_t{1000}, kBig}) {
-          for (bool root_in_heap : {true, false}) {
-            const std::string what = "direct broadcast of " + std::to_string(bytes) +
-                                     " bytes from " + std::to_string(root) + " on " +
-                                     std::to_string(size) + (root_in_heap ? "" : ", root private");
-            const Bytes expected = Pattern(1000 * root + bytes, bytes);
-            unsigned char* data = buffer(bytes, rank != root || root_in_heap);
-            const Bytes own = rank == root ? expected : Pattern(7 + rank, bytes);
-            std::copy(own.begin(), own.end(), data);
-            const Status status = shm.Broadcast(data, bytes, root);
-            EXPECT_TRUE(status.ok(), what << ": " << status.message());
-            ExpectSameBytes(expected.data(), data, bytes, what);
-            EXPECT_TRUE(AllBytesAre(data - kGuard, kGuard, kFill) &&
-                            AllBytesAre(data + bytes, kGuard, kFill),
-                        what << ": wrote outside the buffer");
-            if (bytes == kBig && root_in_heap) ++expected_direct;
-          }
-        }
-      }
-      for (int private_rank = -1; private_rank < size; ++private_rank) {
-        for (bool in_place : {false, true}) {
-          std::vector<int64_t> sizes;
-          for (int q = 0; q < size; ++q) sizes.push_back(q == 0 ? kBig : 17 * q + 1);
-          const std::string what = "direct allgatherv" + std::string(in_place ? " in place" : "") +
-                                   " on " + std::to_string(size) + ", rank " +
-                                   std::to_string(private_rank) + " private";
-          Bytes expected;
-          int64_t offset = 0;
-          for (int q = 0; q < size; ++q) {
-            if (q == rank) offset = expected.size();
-            const Bytes part = Pattern(300 + q, sizes[q]);
-            expected.insert(expected.end(), part.begin(), part.end());
-          }
-          const Bytes mine = Pattern(300 + rank, sizes[rank]);
-          const bool in_heap = rank != private_rank;
-          unsigned char* output = buffer(expected.size(), in_heap);
-          unsigned char* input = nullptr;
-          if (in_place) {
-            std::copy(mine.begin(), mine.end(), output + offset);
-          } else {
-            input = buffer(sizes[rank], in_heap);
-            std::copy(mine.begin(), mine.end(), input);
-          }
-          const Status status = shm.Allgatherv(input, output, sizes);
-          EXPECT_TRUE(status.ok(), what << ": " << status.message());
-          ExpectSameBytes(expected.data(), output, expected.size(), what);
-          EXPECT_TRUE(AllBytesAre(output - kGuard, kGuard, kFill) &&
-                          AllBytesAre(output + expected.size(), kGuard, kFill),
-                      what << ": wrote outside the output");
-          if (private_rank < 0) ++expected_direct;
-        }
-      }
-      EXPECT_TRUE(shm.DirectCollectives() == expected_direct,
-                  shm.DirectCollectives() << " broadcasts and allgathers went direct, not "
-                                    << expected_direct);
-    });
-  }
-}
-
 void ExpectViews(const Views& views, const std::vector<Bytes>& messages, const std::string& what) {
   EXPECT_TRUE(views.size() == messages.size(), what << ": " << views.size() << " views");
   for (size_t q = 0; q < messages.size(); ++q) {
@@ -1301,6 +1055,85 @@ void BarrierAcrossProcesses() {
   }
 }
 
+// A peer that comes to a barrier after the others gave up on it (it was
+// suspended longer than the timeout) must fail too, not pass on the others'
+// old arrivals and go on alone; the ranks still waiting fail at once when
+// the first gives up. At 2 and 3 ranks, the late rank last or first.
+void LatePeerFailsToo() {
+  const auto timeout = std::chrono::milliseconds(200);
+  for (int size = 2; size <= 3; ++size) {
+    for (int victim : {size - 1, 0}) {
+      SharedMemory area(ShmBarrier::Bytes(size));
+      std::vector<int> job_ranks(kJobRanks.begin(), kJobRanks.begin() + size);
+      RunProcesses(size, ProcessOptions(), [&](int rank, Shared& shared) {
+        ShmBarrier barrier(area.data(), rank, size, job_ranks);
+        Status status = barrier.Wait("test operation", timeout);
+        EXPECT_TRUE(status.ok(), "first wait: " << status.message());
+        if (rank == victim) {
+          // Comes once the others have given up and said so.
+          EXPECT_TRUE(WaitForFinished(shared, size - 1, std::chrono::seconds(20)),
+                      "the others did not give up");
+          status = barrier.Wait("test operation", timeout);
+          EXPECT_TRUE(status.code() == StatusCode::kAborted,
+                      "the late rank passed a barrier the others gave up: " << status.message());
+          EXPECT_TRUE(Contains(status, "gave up on a shared-memory test operation before rank " +
+                                           std::to_string(kJobRanks[rank]) + " arrived"),
+                      status.message());
+          const Status later = barrier.Wait("test operation", timeout);
+          EXPECT_TRUE(later.code() == StatusCode::kAborted, "a later wait: " << later.message());
+          return;
+        }
+        const Clock::time_point start = Clock::now();
+        status = barrier.Wait("test operation", timeout);
+        const double waited = SecondsSince(start);
+        EXPECT_TRUE(status.code() == StatusCode::kAborted, "passed without the late rank");
+        EXPECT_TRUE(waited < 5, "gave up after " << waited << " s");
+        const std::vector<int> named = NamedRanks(status.message(), "did not reach");
+        EXPECT_TRUE(named == std::vector<int>{kJobRanks[victim]},
+                    "does not name the late rank " << kJobRanks[victim] << ": "
+                                                   << status.message());
+      });
+    }
+  }
+}
+
+// Many trials of one barrier wait in which one rank comes near the moment
+// the others give up (a random delay around the timeout): in each, either
+// every rank passes or every rank fails. The outcome is decided by one
+// atomic word, so no rank can pass on an arrival another rank took back.
+void GiveUpRace() {
+  constexpr int kTrials = 40;
+  const auto timeout = std::chrono::milliseconds(10);
+  for (int size = 2; size <= 3; ++size) {
+    SharedMemory areas(kTrials * ShmBarrier::Bytes(size));
+    SharedMemory start_area(ShmBarrier::Bytes(size));
+    SharedMemory outcomes(kTrials * kMaxRanks);
+    std::vector<int> job_ranks(kJobRanks.begin(), kJobRanks.begin() + size);
+    RunProcesses(size, ProcessOptions(), [&](int rank, Shared&) {
+      ShmBarrier start(start_area.data(), rank, size, job_ranks);
+      std::mt19937 random(rank * 7919 + size);
+      for (int t = 0; t < kTrials; ++t) {
+        const Status ready = start.Wait("trial start", std::chrono::nanoseconds(0));
+        EXPECT_TRUE(ready.ok(), ready.message());
+        ShmBarrier barrier(areas.data() + t * ShmBarrier::Bytes(size), rank, size, job_ranks);
+        if (rank == t % size) usleep(7000 + random() % 6000);  // 7-13 ms, around the 10 ms
+        const Status status = barrier.Wait("race", timeout);
+        outcomes.data()[t * kMaxRanks + rank] = status.ok() ? 1 : 2;
+      }
+      const Status done = start.Wait("trials done", std::chrono::nanoseconds(0));
+      EXPECT_TRUE(done.ok(), done.message());
+      for (int t = 0; t < kTrials; ++t) {
+        for (int q = 0; q < size; ++q) {
+          EXPECT_TRUE(outcomes.data()[t * kMaxRanks + q] == outcomes.data()[t * kMaxRanks],
+                      "trial " << t << ": rank " << q << (outcomes.data()[t * kMaxRanks + q] == 1
+                                                              ? " passed" : " failed")
+                               << " and rank 0 did not");
+        }
+      }
+    });
+  }
+}
+
 // --- Failures ---
 
 // Checks a failure of a peer: Aborted, naming job rank `job_rank` (only it)
@@ -1342,7 +1175,7 @@ void ExpectBrokenBy(ShmCollectives& shm, const Status& status, const std::string
 // two ways: the victim kills itself instead of making the call (the others
 // are in it already), or the parent kills it while every rank loops on calls
 // (so it usually dies inside one).
-enum class DeadPeerCall { kExchange, kAllreduce, kDirectAllreduce };
+enum class DeadPeerCall { kExchange, kAllreduce };
 
 void DeadPeer(DeadPeerCall kind) {
   const bool exchange = kind == DeadPeerCall::kExchange;
@@ -1356,7 +1189,6 @@ void DeadPeer(DeadPeerCall kind) {
         options.timeout = std::chrono::seconds(30);
         options.process.deadline = std::chrono::seconds(30);
         options.process.may_be_killed = {victim};
-        if (kind == DeadPeerCall::kDirectAllreduce) options.heap_bytes = 1 << 20;
         if (by_parent) {
           options.process.kill_rank = victim;
           options.process.kill_after = std::chrono::milliseconds(150);
@@ -1364,10 +1196,6 @@ void DeadPeer(DeadPeerCall kind) {
         RunRanks(options, [&](int rank, ShmCollectives& shm, Shared& shared) {
           std::vector<float> private_data(50001, 1.0f);
           float* data = private_data.data();
-          if (kind == DeadPeerCall::kDirectAllreduce) {
-            data = reinterpret_cast<float*>(HeapAllocate(private_data.size() * sizeof(float)));
-            std::fill(data, data + private_data.size(), 1.0f);
-          }
           Views views;
           bool fits = false;
           auto call = [&] {
@@ -1599,9 +1427,7 @@ Timing Summarize(std::vector<double> seconds) {
 }
 
 // Per call, the slowest rank's time of `mode` (float32 Sum of `count`).
-// `direct`: the buffers lie in the ranks' heaps (the direct path).
-Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations,
-                 bool direct = false) {
+Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations) {
   SharedMemory times(sizeof(double) * size * iterations);
   double* seconds = reinterpret_cast<double*>(times.data());
   RankOptions options;
@@ -1609,22 +1435,10 @@ Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iter
   options.slot_bytes = slot_bytes;
   options.timeout = std::chrono::seconds(60);
   options.process.deadline = std::chrono::seconds(300);
-  if (direct) options.heap_bytes = 2 * (count * sizeof(float) + 4096);
   RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
-    std::vector<float> input, output;
-    float* from;
-    float* to;
-    if (direct) {
-      from = reinterpret_cast<float*>(HeapAllocate(count * sizeof(float)));
-      to = reinterpret_cast<float*>(HeapAllocate(count * sizeof(float)));
-      std::fill(from, from + count, 1.0f + rank);
-      std::fill(to, to + count, 0.0f);
-    } else {
-      input.assign(count, 1.0f + rank);
-      output.assign(count, 0.0f);
-      from = input.data();
-      to = output.data();
-    }
+    std::vector<float> input(count, 1.0f + rank), output(count, 0.0f);
+    float* from = input.data();
+    float* to = output.data();
     if (mode == Mode::kInPlace) to = from;
     // As a round of gradients: the same bytes in tensors of uneven sizes.
     const std::vector<ReduceSpan> spans =
@@ -1665,8 +1479,6 @@ int Bench(int size, double mib, size_t slot_kib) {
   line("chunked in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations));
   const std::string spans = "spans (" + std::to_string(kBenchTensors) + " tensors):";
   line(spans.c_str(), BenchMode(size, count, slot_bytes, Mode::kSpans, iterations));
-  line("direct:", BenchMode(size, count, slot_bytes, Mode::kChunked, iterations, true));
-  line("direct in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations, true));
   std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
   std::vector<double> seconds;
   for (int i = -2; i < iterations; ++i) {
@@ -1691,16 +1503,15 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
       {"allreduce_float64", [] { AllreduceEveryOp(DataType::kFloat64); }},
       {"allreduce_tiny_slot", AllreduceTinySlot},
       {"allreduce_spans", AllreduceSpansEveryDtype},
-      {"allreduce_direct_spans", AllreduceDirectSpans},
       {"round_calls", RoundCalls},
       {"many_mixed_calls", ManyMixedCalls},
       {"broadcast_every_root", BroadcastEveryRoot},
       {"allgatherv_layouts", AllgathervLayouts},
-      {"broadcast_allgather_direct", BroadcastAndAllgatherDirect},
       {"exchange_messages", ExchangeMessages},
       {"barrier_across_processes", BarrierAcrossProcesses},
+      {"late_peer_fails_too", LatePeerFailsToo},
+      {"give_up_race", GiveUpRace},
       {"dead_peer_allreduce", [] { DeadPeer(DeadPeerCall::kAllreduce); }},
-      {"dead_peer_direct_allreduce", [] { DeadPeer(DeadPeerCall::kDirectAllreduce); }},
       {"dead_peer_exchange", [] { DeadPeer(DeadPeerCall::kExchange); }},
       {"peer_timeout", PeerTimeout},
       {"attach_errors", AttachErrors},

@@ -2,8 +2,7 @@
 # one host) and MPI (TFRING_SHM=0). Each test re-initializes tfring with
 # the knobs it needs and restores the session's setup afterwards.
 #
-# What is checked: which path init picked (shm_enabled, shared_heap_enabled
-# when the shared heap is preloaded), the same results on
+# What is checked: which path init picked (shm_enabled), the same results on
 # both paths for every collective and dtype (bit for bit for integers),
 # identical bits on every rank for float sums of random values, fused batches
 # bigger than the shared slot, many tensors submitted in a different order on
@@ -141,87 +140,6 @@ def test_both_paths_give_the_exact_results():
                                    err_msg=f"{name} on MPI")
         if shm_result.dtype.kind in "iub":
             assert shm_result.tobytes() == mpi_result.tobytes(), name
-
-
-def _heap_preloaded():
-    """Whether the launcher preloaded the shared heap (tests/mpi_launch.py
-    says so in TFRING_TEST_SHARED_HEAP: the library itself leaves
-    LD_PRELOAD as it starts)."""
-    return os.environ.get("TFRING_TEST_SHARED_HEAP") == "1"
-
-
-@pytest.mark.requires_ranks(2)
-def test_shared_heap_is_used_when_preloaded():
-    """With the heap preloaded on every rank (as tfringrun and this suite
-    run a one-host job), tensors of 64 KiB and more are reduced straight
-    from the ranks' heaps: held and fresh (in place) inputs, in a
-    tf.function too, each counted once; smaller ones are not; broadcasts
-    and allgathers of that size go the same way. Without it
-    (plain mpirun, or TFRING_SHARED_HEAP=0) nothing goes direct."""
-    from tfring import _core
-
-    size = tfring.size()
-    if not _heap_preloaded():
-        assert not tfring.shared_heap_enabled()
-        return
-    assert tfring.shared_heap_enabled()
-    start = _core.direct_collectives()
-    held = tf.fill([300007], float(tfring.rank() + 1))
-    y = tfring.allreduce(held, op=tfring.Sum, name="heap_held")
-    assert np.all(y.numpy() == size * (size + 1) / 2)
-    assert np.all(held.numpy() == tfring.rank() + 1)  # the input is untouched
-
-    @tf.function
-    def fresh(x):
-        return tfring.allreduce(x * 2.0, op=tfring.Average, name="heap_fresh")
-
-    z = fresh(held)
-    assert np.all(z.numpy() == (size + 1))
-    small = tfring.allreduce(tf.ones([1000]), op=tfring.Sum, name="heap_small")
-    assert np.all(small.numpy() == size)
-    assert _core.direct_collectives() - start == 2
-    # Broadcast and allgather of 64 KiB and more: the same way.
-    root = tfring.broadcast(held, root_rank=size - 1, name="heap_broadcast")
-    assert np.all(root.numpy() == size)
-    rows = tfring.allgather(tf.fill([20000 + tfring.rank(), 2], tfring.rank()),
-                            name="heap_allgather").numpy()
-    assert rows.shape == (20000 * size + size * (size - 1) // 2, 2)
-    starts = np.cumsum([0] + [20000 + r for r in range(size)])
-    for r in range(size):
-        assert np.all(rows[starts[r]:starts[r + 1]] == r), r
-    assert _core.direct_collectives() - start == 4
-    with initialized_with(TFRING_SHARED_HEAP="0"):
-        assert tfring.shm_enabled() and not tfring.shared_heap_enabled()
-        start = _core.direct_collectives()
-        y = tfring.allreduce(held, op=tfring.Sum, name="heap_off")
-        assert np.all(y.numpy() == size * (size + 1) / 2)
-        assert _core.direct_collectives() == start
-
-
-@pytest.mark.requires_ranks(2)
-def test_heaps_and_slots_give_the_same_bits():
-    """Random floats of every reducible dtype, held and fresh, large enough
-    for the heaps: the direct path folds the ranks in the slot path's order,
-    so both give the same bits (and every rank the same)."""
-    rank = tfring.rank()
-    by_path = {}
-    for heap in ["1", "0"]:
-        with initialized_with(TFRING_SHARED_HEAP=heap):
-            results = {}
-            for dtype in REDUCE_DTYPES:
-                for count in [16384, 300007]:
-                    rng = np.random.default_rng(rank * 1000 + count)
-                    values = rng.standard_normal(count) * 50
-                    if dtype.is_integer:
-                        values = rng.integers(0 if dtype.is_unsigned else -30,
-                                              30, size=count)
-                    x = tf.cast(values, dtype)
-                    name = f"same_bits_{dtype.name}_{count}"
-                    results[name] = tfring.allreduce(
-                        x, op=tfring.Sum, name=name).numpy().tobytes()
-            by_path[heap] = results
-    for name, direct in by_path["1"].items():
-        assert direct == by_path["0"][name], name
 
 
 def test_float_sums_are_identical_on_every_rank():

@@ -6,16 +6,26 @@ Usage: peer_failure.py <mode>
              naming that rank.
   kill:      the last rank SIGKILLs itself; mpirun must end the job.
   kill_in_allreduce: every rank runs 8 MiB allreduces (through shared
-             memory: chunk by chunk through the slots, or straight from the
-             ranks' shared heaps when they are preloaded) in a loop; a thread of the last rank
-             SIGKILLs it in the middle of one. The job must end; a survivor
-             that notices first reports the dead rank by number.
+             memory, chunk by chunk through the slots) in a loop; a thread of
+             the last rank SIGKILLs it in the middle of one. The job must end;
+             a survivor that notices first reports the dead rank by number.
+  stop_in_allreduce <flag file> <resume|keep>: every rank runs 256 MiB
+             allreduces in a loop while a helper process holds the last rank
+             (SIGSTOP) for 3 s at a time, again and again, until one hold
+             lands inside an allreduce's data phase (a hold during a
+             negotiation only delays it). With TFRING_SHM_TIMEOUT_SECONDS=1
+             the others then fail it with AbortedError, create the flag
+             file, and exit after TFRING_TEST_LINGER_SECONDS. `resume`: the
+             helper resumes the held rank, which must fail the same
+             allreduce, never complete it; `keep`: it stays held, and the
+             others' exit must still end the job.
   stall:     the last rank submits 'late_tensor' 3 s after the others; with
              TFRING_STALL_CHECK_TIME_SECONDS=1 rank 0 warns who is missing,
              then the collective completes.
 """
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -37,12 +47,21 @@ if mode == "stall":
     print(f"rank {hvd.rank()} STALL_DONE {float(result)}", flush=True)
     sys.exit(0)
 
-if mode == "kill_in_allreduce":
-    print(f"rank {hvd.rank()} SHM {hvd.shm_enabled()} HEAP {hvd.shared_heap_enabled()}",
-          flush=True)
-    if hvd.rank() == last:
+if mode in ("kill_in_allreduce", "stop_in_allreduce"):
+    print(f"rank {hvd.rank()} SHM {hvd.shm_enabled()}", flush=True)
+    if hvd.rank() == last and mode == "kill_in_allreduce":
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    data = tf.ones([2 * 1024 * 1024])
+    elif hvd.rank() == last:
+        flag, after_failure = sys.argv[2], sys.argv[3]
+        keep = "exit" if after_failure == "keep" else "true"
+        subprocess.Popen(["sh", "-c", f"""
+            while sleep 0.4; do
+              kill -STOP {os.getpid()} 2>/dev/null || exit
+              sleep 3
+              [ -e {flag} ] && {keep}
+              kill -CONT {os.getpid()}
+            done"""])
+    data = tf.ones([2 * 1024 * 1024 if mode == "kill_in_allreduce" else 64 * 1024 * 1024])
     start = time.monotonic()
     try:
         while time.monotonic() - start < 60:
@@ -51,6 +70,10 @@ if mode == "kill_in_allreduce":
     except tf.errors.AbortedError as error:
         print(f"rank {hvd.rank()} ABORTED after {time.monotonic() - start:.2f} s: "
               f"{error.message}", flush=True)
+        if mode == "stop_in_allreduce":
+            open(sys.argv[2], "w").close()
+    time.sleep(float(os.environ.get("TFRING_TEST_LINGER_SECONDS", "0")))
+    print(f"rank {hvd.rank()} EXITING", flush=True)
     sys.exit(1)
 
 if hvd.rank() == last:
