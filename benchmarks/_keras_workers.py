@@ -202,8 +202,9 @@ def train_and_report(mode, model_name="cnn", image_size=32, batch_size=32,
     barrier_dir, the processes wait for each other before timing starts.
     """
     if mode in ("ceiling", "mwms", "mwms-shipped"):
-        # The other 2-process modes on the CPU shares tfring gives its ranks
-        # (TFRING_CPU_BINDING): the best these baselines can do here.
+        # The other 2-process modes each bound to its own share of the CPUs
+        # (as TFRING_CPU_BINDING=1 binds tfring's ranks): the best these
+        # baselines can do here, which makes the ceiling the higher bar.
         index = (json.loads(os.environ["TF_CONFIG"])["task"]["index"]
                  if mode != "ceiling" else process)
         bind_to_cpu_share(index, 2)

@@ -60,10 +60,8 @@ def rank_data(rank, shape):
 
 def private_array(shape, dtype=np.float32, fill=0):
     """An array for a raw-MPI baseline, in private anonymous memory with
-    transparent huge pages where it is large, as NumPy's own allocation is
-    without tfring: under tfringrun the ranks' malloc serves large blocks
-    from the shared heap (shared memory, no huge pages), which would make
-    the baseline slower than it can be."""
+    transparent huge pages where it is large: the fastest memory the
+    baseline can have, whatever the allocator serves."""
     dtype = np.dtype(dtype)
     count = int(np.prod(shape))
     memory = mmap.mmap(-1, max(count * dtype.itemsize, 1),

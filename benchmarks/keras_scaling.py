@@ -25,8 +25,8 @@ and, only when named in --modes:
 
   tfring-yield  as tfring, with OMPI_MCA_mpi_yield_when_idle=1 (Open MPI
                 yields the CPU instead of busy polling while it waits).
-  tfring-no-heap  as tfring, with TFRING_SHARED_HEAP=0 (no direct reduction
-                from the ranks' heaps: every gradient through the segment).
+  tfring-bound  as tfring, with TFRING_CPU_BINDING=1 (each rank bound to its
+                own share of the CPUs, as the ceiling's processes are).
   tfring-timeline  as tfring, with TFRING_TIMELINE recording every step (the
                 timeline's cost: compare with tfring in the same rounds).
   tfring-autotune  as tfring, with TFRING_AUTOTUNE=1 and a short search
@@ -71,9 +71,8 @@ MODES = {
     # MPI's busy polling otherwise takes CPU time from TensorFlow.
     "tfring-yield": "tfring, 2 ranks, MPI yields when idle",
     "tfring-timeline": "tfring, 2 ranks, timeline recording",
-    # Not run by default: tfring without the shared heap (every gradient
-    # through the segment's slots, as under plain mpirun).
-    "tfring-no-heap": "tfring, 2 ranks, no shared heap",
+    # Not run by default: tfring with each rank bound to its CPU share.
+    "tfring-bound": "tfring, 2 ranks, TFRING_CPU_BINDING=1",
     "tfring-autotune": "tfring, 2 ranks, TFRING_AUTOTUNE=1",
     "mwms": "MultiWorkerMirroredStrategy, 2 workers",
     # Not run by default: MWMS without the patches, to show the failure.
@@ -82,7 +81,7 @@ MODES = {
 }
 DEFAULT_MODES = ("ceiling", "tfring", "mwms", "single")
 TFRING_MODES = ("tfring", "tfring-yield", "tfring-timeline", "tfring-autotune",
-                "tfring-no-heap")
+                "tfring-bound")
 TWO_PROCESS_MODES = TFRING_MODES + ("mwms", "mwms-shipped")
 AUTOTUNE_LOG = os.path.join(tempfile.gettempdir(), "tfring_keras_scaling_autotune.csv")
 AUTOTUNE_ENV = {
@@ -124,7 +123,7 @@ def _launches(args, mode, barrier_dir):
         extra_env = {
             "tfring": {},
             "tfring-yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
-            "tfring-no-heap": {"TFRING_SHARED_HEAP": "0"},
+            "tfring-bound": {"TFRING_CPU_BINDING": "1"},
             "tfring-timeline": {"TFRING_TIMELINE": os.path.join(barrier_dir,
                                                                 "timeline.json")},
             "tfring-autotune": AUTOTUNE_ENV,

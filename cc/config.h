@@ -48,10 +48,13 @@ constexpr int64_t kHierarchicalAuto = 2;
     "Bytes of each rank's slot in the shared-memory segment (the segment holds one per "  \
     "local rank, in /dev/shm). Data moves through two chunks of it of at most 512 KiB "  \
     "each; a smaller slot means smaller chunks, a larger one gains nothing.")             \
-  X(int64_t, cpu_binding, "TFRING_CPU_BINDING", 1, kJob,                                  \
-    "1: where a host's ranks may all run on the same CPUs (nobody bound them one by one) "  \
-    "and there are at least as many CPUs as ranks, each rank binds all its threads to its " \
-    "own contiguous share of them at init (whole cores first). 0: ranks stay as launched.") \
+  X(int64_t, cpu_binding, "TFRING_CPU_BINDING", 0, kJob,                                  \
+    "0 (default): ranks stay as launched. 1: where a host's ranks may all run on the same " \
+    "CPUs (nobody bound them one by one) and there are at least as many CPUs as ranks, "   \
+    "each rank binds all its threads to its own contiguous share of them at init (whole "  \
+    "cores first). Helps only programs that size TensorFlow's thread pools to the share " \
+    "(e.g. one intra-op thread per rank per core); TensorFlow's default pools, sized for " \
+    "the whole machine, then crowd onto the share.")                                      \
   X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, kJob,                       \
     "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
     "the job fails; a peer that exited is noticed within milliseconds.")                   \

@@ -76,7 +76,6 @@ def _rank_report(rank, size=2, **changes):
               "mpi_library": "Open MPI v5.0.11, package: Open MPI",
               "mpi4py": "4.1.2", "thread_level": "MPI_THREAD_MULTIPLE",
               "rank": rank, "size": size, "local_size": size, "shm": True,
-              "shared_heap": True,
               "nccl": 0, "config": {"TFRING_SHM": "1"},
               "float_sum": floats, "int_sum": ints}
     report.update(changes)
@@ -107,8 +106,6 @@ def test_a_working_job_reports_mpi_nccl_shm_and_the_sums():
         "MPI_THREAD_MULTIPLE",
         "  NCCL              no (tfring was built without NCCL)",
         "  shared memory     yes (2 ranks on one host)",
-        "  shared heap       yes (tensors of 64 KiB and more reduced in the "
-        "ranks' memory)",
         "  2-rank allreduce  ok: Sum gave float32 [3.0, 30.0] and int32 "
         "[3, -3] on both ranks (4.2 s)"]
 
@@ -127,21 +124,6 @@ def test_shared_memory_off_says_why(changes, noise, reason):
     reports = [_rank_report(r, shm=False, **changes) for r in range(2)]
     findings = _findings(_result(reports, noise=noise))
     assert f"  shared memory     {reason}" in _lines(findings)
-    assert not [f for f in findings if f.problem]
-
-
-@pytest.mark.parametrize("changes, line", [
-    ({"shm": False}, "no: it needs shared memory"),
-    ({"config": {"TFRING_SHARED_HEAP": "0"}},
-     "no: TFRING_SHARED_HEAP=0 (or --no-shared-heap) turns it off"),
-    ({}, "no: libtfring_shared_heap.so is not preloaded in every rank "
-         "(tfringrun preloads it on one host); large tensors go through the "
-         "shared-memory slots"),
-])
-def test_shared_heap_off_says_why(changes, line):
-    reports = [_rank_report(r, shared_heap=False, **changes) for r in range(2)]
-    findings = _findings(_result(reports))
-    assert f"  shared heap       {line}" in _lines(findings)
     assert not [f for f in findings if f.problem]
 
 
@@ -374,8 +356,6 @@ def test_check_build_passes_here():
                for line in lines), out
     assert "  NCCL              no (tfring was built without NCCL)" in lines
     assert "  shared memory     yes (2 ranks on one host)" in lines
-    assert ("  shared heap       yes (tensors of 64 KiB and more reduced in "
-            "the ranks' memory)") in lines
     assert any(line.startswith("  2-rank allreduce  ok: Sum gave float32 "
                                "[3.0, 30.0] and int32 [3, -3] on both ranks")
                for line in lines), out

@@ -107,9 +107,10 @@ KNOB_FLAGS = (
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
              "seconds to wait for a live peer in a shared-memory operation "
              "(default 30)", SECONDS),
-    KnobFlag(("--no-cpu-binding",), "TFRING_CPU_BINDING",
-             "leave each rank free to run on every CPU of its host instead "
-             "of binding it to its own share of them", const="0"),
+    KnobFlag(("--cpu-binding",), "TFRING_CPU_BINDING",
+             "bind each rank to its own share of its host's CPUs (helps "
+             "when TensorFlow's thread pools are sized to that share; off "
+             "by default)", const="1"),
     KnobFlag(("--hierarchical-allreduce",), "TFRING_HIERARCHICAL_ALLREDUCE",
              "across hosts, reduce every allreduce inside each host first, "
              "then across hosts (default: flat over all ranks)", const="1"),
