@@ -28,10 +28,11 @@ import tfring.keras  # tfring: callbacks
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=["cnn", "resnet50"], default="cnn",
-                        help="a small CNN on 32x32 images (default) or "
-                             "keras.applications.ResNet50(weights=None) on "
-                             "224x224")
+    parser.add_argument("--model", choices=["cnn", "resnet50", "mobilenetv2"],
+                        default="cnn",
+                        help="a small CNN on 32x32 images (default), or "
+                             "keras.applications.ResNet50 / MobileNetV2 "
+                             "(weights=None) on 224x224")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="images per rank per step")
     parser.add_argument("--steps", type=int, default=40,
@@ -53,8 +54,10 @@ def parse_args():
 
 
 def build_model(name, num_classes):
-    if name == "resnet50":
-        return keras.applications.ResNet50(
+    applications = {"resnet50": keras.applications.ResNet50,
+                    "mobilenetv2": keras.applications.MobileNetV2}
+    if name in applications:
+        return applications[name](
             weights=None, input_shape=(224, 224, 3), classes=num_classes,
             classifier_activation=None)
     return keras.Sequential([
@@ -104,7 +107,7 @@ def main():
             args.intra_op_threads)
     hvd.init()  # tfring: start the background thread, join the other ranks
 
-    num_classes = 1000 if args.model == "resnet50" else 10
+    num_classes = 10 if args.model == "cnn" else 1000
     model = build_model(args.model, num_classes)
     # The global batch is size() times larger, so is the learning rate.
     optimizer = keras.optimizers.SGD(
