@@ -49,7 +49,18 @@ def parse_args(argv=None):
                         help="rounds of flat / hierarchical (default 2)")
     parser.add_argument("--timeout", type=float, default=1200,
                         help="seconds before the job is ended (default 1200)")
+    parser.add_argument("--progress-dir", default=None,
+                        help="(worker) where each rank writes the step it is at, so "
+                             "a job that does not finish says where it was")
     return parser.parse_args(argv)
+
+
+def _progress(args, rank, text):
+    """Records that this rank is now at `text` (the orchestrator quotes
+    every rank's last one if the job does not finish in time)."""
+    if args.progress_dir:
+        with open(os.path.join(args.progress_dir, f"rank{rank}"), "w") as f:
+            f.write(text)
 
 
 # ------------------------------------------------------------------ worker --
@@ -85,6 +96,8 @@ def worker(args):
         order = list(PATHS) if round_index % 2 == 0 else list(PATHS)[::-1]
         for path in order:
             os.environ["TFRING_HIERARCHICAL_ALLREDUCE"] = PATHS[path]
+            step = f"round {round_index + 1}/{args.rounds}, {path}"
+            _progress(args, rank, f"{step}: tfring.init()")
             hvd.init()
             hosts_seen = hvd.size() // hvd.local_size()
             want = "hierarchical" if path == "hierarchical" and hosts_seen > 1 \
@@ -93,6 +106,7 @@ def worker(args):
                 raise RuntimeError(f"TFRING_HIERARCHICAL_ALLREDUCE=1 but tfring chose "
                                    f"{hvd.data_path()!r}")
             for name, _ in cases:
+                _progress(args, rank, f"{step}: checking, then timing {name}")
                 for got, want_value in zip(reduce_all(inputs[name]), expected[name]):
                     check(f"{path} {name}", got, want_value)
                 variants = {f"tfring {path}": lambda n=name: reduce_all(inputs[n])}
@@ -106,7 +120,9 @@ def worker(args):
                                         for b in in_place[n]]
                 for label, seconds in measure(comm, variants, args.repeats).items():
                     times.setdefault((name, label), []).extend(seconds)
+            _progress(args, rank, f"{step}: tfring.shutdown()")
             hvd.shutdown()
+    _progress(args, rank, "done timing; rank 0 reports")
     if rank == 0:
         report(args, cases, times, size, hosts_seen)
 
@@ -138,14 +154,24 @@ def report(args, cases, times, size, hosts):
 
 def orchestrate(args):
     import subprocess
-    with _namespace_hosts.namespace_hosts(args) as hosts:
+    import tempfile
+    with _namespace_hosts.namespace_hosts(args) as hosts, \
+            tempfile.TemporaryDirectory(prefix="tfring-hierarchical-") as progress:
         try:
             finished = _namespace_hosts.run_workers(
                 hosts, args, __file__,
-                ["--repeats", str(args.repeats), "--rounds", str(args.rounds)],
+                ["--repeats", str(args.repeats), "--rounds", str(args.rounds),
+                 "--progress-dir", progress],
                 timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            raise SystemExit(f"the benchmark did not finish within {args.timeout:.0f} s")
+            where = []
+            for name in sorted(os.listdir(progress), key=lambda n: int(n[len("rank"):])):
+                with open(os.path.join(progress, name)) as f:
+                    where.append(f"  {name.replace('rank', 'rank ')}: {f.read()}")
+            raise SystemExit(
+                f"the benchmark did not finish within {args.timeout:.0f} s; where "
+                f"each rank was:\n" + ("\n".join(where) or
+                                       "  no rank got as far as tfring.init()"))
         raise SystemExit(finished.returncode)
 
 
