@@ -266,11 +266,15 @@ def test_indexed_slices_average_divides_by_the_set_size():
     for _, s in _all_sets():
         slices = tf.IndexedSlices(tf.constant([[float(ME + 1)]]),
                                   tf.constant([ME]), tf.constant([N, 1]))
-        out = tfring.allreduce(slices, op=tfring.Average, process_set=s)
-        assert list(out.indices.numpy()) == s.ranks
-        np.testing.assert_allclose(
-            out.values.numpy()[:, 0],
-            [(r + 1) / len(s.ranks) for r in s.ranks])
+        single = tfring.allreduce(slices, op=tfring.Average, process_set=s)
+        grouped, = tfring.grouped_allreduce([slices], op=tfring.Average,
+                                            process_set=s)
+        # Horovod's arithmetic: float32 values divided by the set's size.
+        expected = np.array([r + 1 for r in s.ranks],
+                            np.float32) / np.float32(len(s.ranks))
+        for out in (single, grouped):
+            assert list(out.indices.numpy()) == s.ranks
+            np.testing.assert_array_equal(out.values.numpy()[:, 0], expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
