@@ -425,6 +425,59 @@ def _tape_sum(w, x, s):
     return tape.gradient(loss, w)
 
 
+@pytest.mark.requires_ranks(2)
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_tape_outside_the_set_returns_this_ranks_gradients(mode):
+    # Horovod's rule: the same code runs on every rank; the set's ranks
+    # average, the others keep their own gradients. Local sources are
+    # divided by the set's size everywhere; sparse_as_dense densifies
+    # everywhere.
+    for _, s in SETS.items():
+        k = len(s.ranks)
+        w = tf.Variable([1.0, 2.0])
+        local = tf.Variable([3.0])
+        table = tf.Variable(tf.zeros([N + 1, 2]))
+
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = (tf.reduce_sum(w * x) + tf.reduce_sum(local * x[0])
+                        + tf.reduce_sum(tf.gather(table, [ME]) * x))
+            tape = tfring.DistributedGradientTape(tape, process_set=s,
+                                                  sparse_as_dense=True)
+            tape.register_local_source(local)
+            return tape.gradient(loss, [w, local, table])
+
+        g_w, g_local, g_table = _run(step, mode,
+                                     tf.constant([float(ME), 1.0]))
+        assert not isinstance(g_table, tf.IndexedSlices)
+        if ME in s.ranks:
+            np.testing.assert_allclose(g_w, [np.mean(s.ranks), 1.0])
+            rows = np.zeros([N + 1, 2])
+            for r in s.ranks:
+                rows[r] = [r / k, 1.0 / k]
+        else:
+            np.testing.assert_allclose(g_w, [float(ME), 1.0])
+            rows = np.zeros([N + 1, 2])
+            rows[ME] = [float(ME), 1.0]
+        np.testing.assert_allclose(g_table, rows)
+        np.testing.assert_allclose(g_local, [ME / k])
+
+
+@pytest.mark.requires_ranks(2)
+def test_horovods_tape_test_on_every_rank():
+    # test_distributed_gradient_tape_process_sets of Horovod's
+    # test_tensorflow_process_sets.py, on every set.
+    for _, s in SETS.items():
+        x = tf.constant(float(ME))
+        with tf.GradientTape() as g:
+            g.watch(x)
+            y = x * x
+        dy_dx, = tfring.DistributedGradientTape(g, process_set=s).gradient(
+            y, [x])
+        expected = 2.0 * (np.mean(s.ranks) if s.included() else ME)
+        assert float(dy_dx) == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_run_in_the_forward_ops_set(mode):
     for _, s in _all_sets():
@@ -786,6 +839,34 @@ def test_keras_fit_with_distributed_optimizer_in_a_set():
     gathered = tfring.allgather(tf.constant(model.get_weights()[0].T),
                                 process_set=s)
     np.testing.assert_array_equal(gathered, np.tile(gathered[:1], [k, 1]))
+
+
+@pytest.mark.requires_ranks(2)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("loss_scale", [False, True])
+def test_distributed_optimizer_outside_the_set_applies_own_gradients(
+        mode, loss_scale):
+    # As Horovod's Keras optimizer: the set's ranks apply the set's average,
+    # the others their own gradients (here with a local variable too, which
+    # the loss-scale optimizer checks for overflow within the set only).
+    for _, s in SETS.items():
+        k = len(s.ranks)
+        w = tf.Variable([1.0, 1.0])
+        local = tf.Variable([1.0])
+        inner = keras.optimizers.SGD(1.0)
+        if loss_scale:
+            inner = keras.optimizers.LossScaleOptimizer(inner,
+                                                        initial_scale=1.0)
+        opt = hvd_keras.DistributedOptimizer(inner, process_set=s)
+        opt.register_local_var(local)
+        opt.build([w, local])
+        grads = [tf.constant([float(ME), 1.0]), tf.constant([float(ME)])]
+        _run(lambda: opt.apply(grads, [w, local]), mode)
+        if ME in s.ranks:
+            np.testing.assert_allclose(w, [1.0 - np.mean(s.ranks), 0.0])
+        else:
+            np.testing.assert_allclose(w, [1.0 - ME, 0.0])
+        np.testing.assert_allclose(local, [1.0 - ME / k], rtol=1e-6)
 
 
 # --- two disjoint sets at once ------------------------------------------
