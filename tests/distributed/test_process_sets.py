@@ -133,6 +133,16 @@ def test_init_registers_the_sets_in_order():
         assert SETS["ends"].ranks == [0, N - 1]
 
 
+def test_horovods_internal_table_of_sets():
+    # Horovod's process-set tests read the table through this internal
+    # function: {id: ranks} with the global set, in id order.
+    table = tfring.mpi_ops._basics._get_process_set_ids_and_ranks()
+    expected = {0: list(range(N))}
+    expected.update({s.process_set_id: s.ranks for s in SETS.values()})
+    assert table == expected
+    assert list(table) == sorted(table)
+
+
 def test_str_is_readable():
     s = tfring.ProcessSet([3, 1])
     assert str(s) == "ProcessSet(process_set_id=None, ranks=[1, 3])"
@@ -659,6 +669,10 @@ def test_bad_init_arguments():
             with pytest.raises(error, match=text):
                 tfring.init(process_sets=process_sets)
             assert not tfring.is_initialized()
+        with pytest.raises(ValueError) as info:
+            tfring.mpi_ops._basics._get_process_set_ids_and_ranks()
+        assert ("`tfring.mpi_ops._basics._get_process_set_ids_and_ranks()` "
+                "was called after `tfring.shutdown()`") in str(info.value)
     finally:
         _init_module_sets()
     assert all(s.process_set_id is not None for s in SETS.values())
@@ -758,6 +772,9 @@ def test_dynamic_sets_add_use_remove():
         assert second.process_set_id > first.process_set_id
         assert tfring._core.process_sets()[second.process_set_id] == \
             second.ranks
+        assert tfring.mpi_ops._basics._get_process_set_ids_and_ranks() == {
+            0: list(range(N)), first.process_set_id: [0],
+            second.process_set_id: second.ranks}
         with pytest.raises(ValueError) as info:
             tfring.add_process_set([0])
         assert (f"a duplicate of the existing process set "
@@ -792,6 +809,8 @@ def test_dynamic_sets_add_use_remove():
         assert tfring.remove_process_set(second) is True
         assert tfring.remove_process_set(again) is True
         assert set(tfring._core.process_sets()) == {0}
+        assert tfring.mpi_ops._basics._get_process_set_ids_and_ranks() == {
+            0: list(range(N))}
 
 
 # --- Keras -----------------------------------------------------------------
