@@ -150,6 +150,105 @@ def test_script_exits_cleanly_without_shutdown(num_ranks):
     assert "terminate called" not in result.output, result.describe()
 
 
+_STATIC_SETS_SCRIPT = textwrap.dedent("""
+    import os
+    import mpi4py
+    mpi4py.rc.initialize = False  # as Horovod's process-set test does
+    from mpi4py import MPI
+    import tensorflow as tf
+    import tfring as hvd
+
+    assert not MPI.Is_initialized()
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    # Horovod's test_process_sets_static sequence: a list with duplicates
+    # (the global set, and [0] twice; a permutation is the same set), then
+    # a valid one.
+    upper = range(1, size) if rank == 0 else reversed(range(1, size))
+    bad_lists = [
+        [hvd.ProcessSet([0]), hvd.ProcessSet(upper),
+         hvd.ProcessSet(range(size - 1, -1, -1)), hvd.ProcessSet([0])],
+        [hvd.ProcessSet([0]), hvd.ProcessSet(range(1, size)),
+         hvd.ProcessSet([0])],
+    ]
+    for bad in bad_lists:
+        try:
+            hvd.init(process_sets=bad)
+        except ValueError as e:
+            print(f"rank {rank} ValueError: {e}", flush=True)
+        assert not hvd.is_initialized()
+    good = [hvd.ProcessSet([0]), hvd.ProcessSet(reversed(range(1, size)))]
+    hvd.init(process_sets=good)
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    table = hvd.mpi_ops._basics._get_process_set_ids_and_ranks()
+    assert table == {0: list(range(size)), 1: [0],
+                     2: list(range(1, size))}, table
+    mine = good[0] if rank == 0 else good[1]
+    total = hvd.allreduce(tf.constant([float(rank)]), op=hvd.Sum,
+                          process_set=mine)
+    assert float(total[0]) == sum(mine.ranks)
+    MPI.COMM_WORLD.barrier()
+    hvd.shutdown()
+    # MPI keeps running after shutdown(), so tfring starts again; tfring
+    # finalizes it at exit.
+    hvd.init()
+    total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+    assert float(total[0]) == size
+    print(f"rank {rank} done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("num_ranks", (2, 3))
+def test_init_starts_mpi_and_refuses_duplicate_sets_on_every_rank(
+        num_ranks):
+    result = mpi_launch.launch([sys.executable, "-c", _STATIC_SETS_SCRIPT],
+                               num_ranks, 300, env=_env(), cwd=str(REPO))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    everyone = list(range(num_ranks))
+    for rank in everyone:
+        assert (f"rank {rank} ValueError: tfring.init() received in "
+                f"process_sets entry 2 ProcessSet(process_set_id=None, "
+                f"ranks={everyone}) with every rank of the job ({everyone}), "
+                "the same ranks as the global set. Expected a set that "
+                "differs from every other. Use tfring.global_process_set "
+                "instead.") in result.output, result.describe()
+        assert (f"rank {rank} ValueError: tfring.init() received "
+                "process_sets entry 2 ProcessSet(process_set_id=None, "
+                "ranks=[0]) with ranks [0], which an earlier entry already "
+                "has. Expected each set once (duplicates are not allowed). "
+                "Remove the duplicate, or reuse the first object."
+                ) in result.output, result.describe()
+        assert f"rank {rank} done" in result.output, result.describe()
+    # Open MPI's complaint about a process that exits with MPI running.
+    assert 'calling "finalize"' not in result.output, result.describe()
+
+
+_FINALIZED_MPI_SCRIPT = textwrap.dedent("""
+    import mpi4py
+    mpi4py.rc.initialize = False
+    from mpi4py import MPI
+    import tfring
+
+    tfring.init()
+    tfring.shutdown()
+    MPI.Finalize()
+    try:
+        tfring.init()
+    except ValueError as e:
+        print(f"ValueError: {e}", flush=True)
+""")
+
+
+def test_init_after_mpi_finalize_says_why():
+    result = mpi_launch.launch([sys.executable, "-c", _FINALIZED_MPI_SCRIPT],
+                               1, 300, env=_env(), cwd=str(REPO))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    assert ("ValueError: tfring.init() found MPI already finalized "
+            "(MPI.Finalize() was called in this process). Expected MPI "
+            "running or not started yet: it cannot be started again in the "
+            "same process.") in result.output, result.describe()
+
+
 _COMMUNICATOR_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     from mpi4py import MPI

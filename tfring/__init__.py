@@ -2,7 +2,7 @@
 # A script written for horovod.tensorflow runs after changing its import to
 # `import tfring as hvd`. This file only re-exports; each concern lives in its
 # own module (basics, process_sets, collectives, compression, functions,
-# sync_batch_norm, tape, ops).
+# sync_batch_norm, tape, ops, mpi_ops).
 
 from tfring._version import __version__
 from tfring.basics import (
@@ -51,6 +51,8 @@ from tfring.collectives import (
 )
 from tfring.compression import Compression
 from tfring.join import join
+# Horovod's module of that name, for its internal `_basics` (see there).
+from tfring import mpi_ops
 from tfring.sync_batch_norm import SyncBatchNormalization
 from tfring.functions import (
     allgather_object,

@@ -1,7 +1,8 @@
 # Process lifecycle and topology: init(), shutdown() and the rank/size queries.
 #
 # Why this file exists: it is where the job starts and stops. init()
-# imports mpi4py (which initialises MPI), turns the caller's communicator
+# imports mpi4py (which initialises MPI, or leaves it to tfring after
+# `mpi4py.rc.initialize = False`), turns the caller's communicator
 # into a Fortran handle, has process_sets.py work out the process sets (the
 # only other Python code that talks to MPI, once, at init) and starts the
 # core's background thread through tfring._core; an atexit hook stops that
@@ -34,6 +35,35 @@ _state = {
     # Set by init(): every host runs the same number of ranks.
     "homogeneous": True,
 }
+
+
+def _initialize_mpi(MPI):
+    """Initialises MPI with MPI_THREAD_MULTIPLE unless it runs already.
+
+    mpi4py initialises MPI when imported, unless the script set
+    `mpi4py.rc.initialize = False` first; then tfring does, as Horovod
+    does, and finalises it at exit (not at shutdown(): MPI cannot start
+    twice in a process, and init() may follow shutdown()). The core checks
+    the thread level it got.
+    """
+    if MPI.Is_finalized():
+        raise ValueError(
+            "tfring.init() found MPI already finalized (MPI.Finalize() was "
+            "called in this process). Expected MPI running or not started "
+            "yet: it cannot be started again in the same process. Call "
+            "MPI.Finalize() only after tfring.shutdown(), at the end of the "
+            "script, or leave it to mpi4py and tfring.")
+    if MPI.Is_initialized():
+        return
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    # Registered before _shutdown_at_exit (at the end of the first
+    # successful init()), so it runs after it: atexit runs last-in first.
+    atexit.register(_finalize_mpi_at_exit, MPI)
+
+
+def _finalize_mpi_at_exit(MPI):
+    if not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def _check_ranks(ranks, world_size):
@@ -93,11 +123,22 @@ def init(comm=None, process_sets=None):
         rank); or "dynamic" to add and remove sets later with
         tfring.add_process_set() / tfring.remove_process_set().
 
-    Calling init() again while initialized does nothing.
+    Calling init() again while initialized does nothing. MPI is started
+    with MPI_THREAD_MULTIPLE if it is not running yet (after
+    `mpi4py.rc.initialize = False`), and then finalized at exit.
+
+    Raises:
+      ValueError / TypeError: bad arguments, among them process_sets with a
+        duplicate set or lists that differ between ranks; raised on every
+        rank before anything starts, so init() may be called again.
     """
-    from mpi4py import MPI  # Importing mpi4py.MPI initialises MPI.
+    # Importing mpi4py.MPI initialises MPI, unless mpi4py.rc.initialize is
+    # False.
+    from mpi4py import MPI
     # Imported here: process_sets imports this module.
     from tfring import process_sets as _process_sets
+
+    _initialize_mpi(MPI)
 
     owned = None
     if comm is None:

@@ -16,6 +16,7 @@ import numbers
 import warnings
 
 import tensorflow as tf
+from tensorflow.python.eager import record
 
 from tfring import _core
 from tfring import basics
@@ -204,12 +205,9 @@ def _suffixed(name, suffix):
     return None if name is None else f"{name}_{suffix}"
 
 
-def _allreduce_slices(slices, op, name, device_sparse, membership):
+def _gather_slices(slices, name, device_sparse, membership):
     # A sum of IndexedSlices is the concatenation of every rank's slices
     # (repeated indices add up when the slices are applied or densified).
-    # Average divides the gathered values by the set's size with
-    # TensorFlow's `/`, as Horovod does: integer values come back as
-    # floating point.
     with tf.device(device_sparse):
         values = _ops.allgather_op(slices.values,
                                    name=_suffixed(name, "values"),
@@ -217,9 +215,31 @@ def _allreduce_slices(slices, op, name, device_sparse, membership):
         indices = _ops.allgather_op(slices.indices,
                                     name=_suffixed(name, "indices"),
                                     process_set_id=membership.id)
-        if op == int(Average):
-            values = values / tf.cast(membership.size, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def _average_gathered_slices(gathered, op, device_sparse, membership):
+    """Average: the gathered values divided by the set's size with
+    TensorFlow's `/`, as Horovod does (integer values come back as floating
+    point).
+
+    Eager grouped calls divide here, after their tf.function: inside one,
+    Grappler turns the division by a constant into a multiplication by its
+    reciprocal, which differs from Horovod's eager division in the last bit.
+    """
+    if op != int(Average):
+        return gathered
+    with tf.device(device_sparse):
+        values = gathered.values / tf.cast(membership.size,
+                                           gathered.values.dtype)
+    return tf.IndexedSlices(values, gathered.indices,
+                            dense_shape=gathered.dense_shape)
+
+
+def _allreduce_slices(slices, op, name, device_sparse, membership):
+    return _average_gathered_slices(
+        _gather_slices(slices, name, device_sparse, membership), op,
+        device_sparse, membership)
 
 
 def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
@@ -314,8 +334,9 @@ def _grouped_body(tensors, op, prescale_factor, postscale_factor,
     for i, t in enumerate(tensors):
         member_name = None if name is None else f"{name}.{i}"
         if isinstance(t, tf.IndexedSlices):
-            results.append(_allreduce_slices(t, op, member_name,
-                                             device_sparse, membership))
+            # Averaged by the caller, outside an eager call's tf.function.
+            results.append(_gather_slices(t, member_name, device_sparse,
+                                          membership))
         else:
             results.append(_allreduce_dense(t, op, prescale_factor,
                                             postscale_factor, member_name,
@@ -344,11 +365,43 @@ def run_grouped(key, body, tensors):
         fn = _grouped_functions.get(key)
     except TypeError:  # An unhashable custom compressor: no caching.
         fn = tf.function(body, reduce_retracing=True, autograph=False)
-        return list(fn(tensors))
+        return _accept_gradients_of_any_dtype(list(fn(tensors)))
     if fn is None:
         fn = _grouped_functions[key] = tf.function(
             body, reduce_retracing=True, autograph=False)
-    return list(fn(tensors))
+    return _accept_gradients_of_any_dtype(list(fn(tensors)))
+
+
+def _accept_gradients_of_any_dtype(results):
+    """`results` of an eager grouped tf.function, each passing on an
+    incoming gradient cast to its own dtype.
+
+    Why: TensorFlow differentiates the function with a traced backward
+    function whose inputs have the outputs' dtypes, and fails on any other
+    ("expected to be a double tensor but is a float tensor"), while a single
+    op's registered gradient takes what comes, as Horovod's grouped ops do
+    (its tests pass float32 gradients for float64 outputs). The gradient
+    that comes back then has the input's dtype.
+    """
+    if not record.could_possibly_record():
+        return results  # no tape is recording: nothing to differentiate
+    return [_cast_incoming_gradient(r) for r in results]
+
+
+@tf.custom_gradient
+def _identity_casting_gradient(tensor):
+    def grad(upstream):
+        return tf.cast(upstream, tensor.dtype)
+    return tf.identity(tensor), grad
+
+
+def _cast_incoming_gradient(result):
+    if isinstance(result, tf.IndexedSlices):
+        return tf.IndexedSlices(_cast_incoming_gradient(result.values),
+                                result.indices, result.dense_shape)
+    if not (result.dtype.is_floating or result.dtype.is_complex):
+        return result  # not differentiable
+    return _identity_casting_gradient(result)
 
 
 @_do_not_convert
@@ -386,7 +439,9 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
 
     key = ("allreduce", op, prescale_factor, postscale_factor, compression,
            device_dense, device_sparse, name, membership.key)
-    return run_grouped(key, body, tensors)
+    results = run_grouped(key, body, tensors)
+    return [_average_gathered_slices(r, op, device_sparse, membership)
+            if isinstance(r, tf.IndexedSlices) else r for r in results]
 
 
 @_do_not_convert

@@ -185,14 +185,16 @@ def _registered_ranks(process_set, api_name):
 
 
 class Membership:
-    """A checked process set: its id and job ranks, with this rank in it."""
+    """A checked process set: its id and job ranks, and whether this rank is
+    in it (always, unless resolve() was asked to accept a set without it)."""
 
-    __slots__ = ("process_set", "id", "ranks")
+    __slots__ = ("process_set", "id", "ranks", "included")
 
-    def __init__(self, process_set, process_set_id, ranks):
+    def __init__(self, process_set, process_set_id, ranks, included=True):
         self.process_set = process_set
         self.id = process_set_id
         self.ranks = ranks
+        self.included = included
 
     @property
     def size(self):
@@ -204,16 +206,22 @@ class Membership:
         return (self.id, self.ranks)
 
 
-def resolve(process_set, api_name):
+def resolve(process_set, api_name, allow_outside=False):
     """Checks `process_set` for a collective of `api_name` on this rank.
 
+    With `allow_outside`, a registered set without this rank is accepted
+    (Membership.included is then False): the gradient reducers return such
+    a rank's own gradients, as Horovod's do, so the same training code runs
+    on every rank.
+
     Returns:
-      A Membership (id, ranks).
+      A Membership (id, ranks, included).
 
     Raises:
       TypeError: not a tfring.ProcessSet.
       ValueError: not initialized, or a set that is not registered.
-      tf.errors.InvalidArgumentError: this rank is not in the set.
+      tf.errors.InvalidArgumentError: this rank is not in the set (unless
+        `allow_outside`).
     """
     if not isinstance(process_set, ProcessSet):
         raise TypeError(
@@ -225,6 +233,9 @@ def resolve(process_set, api_name):
     ranks = tuple(_registered_ranks(process_set, api_name))
     if process_set.process_set_id != 0:
         me = basics.rank()
+        if me not in ranks and allow_outside:
+            return Membership(process_set, process_set.process_set_id, ranks,
+                              included=False)
         if me not in ranks:
             raise tf.errors.InvalidArgumentError(
                 None, None,

@@ -100,8 +100,11 @@ def reduce_gradients(grads, sources, membership, reduce_args, groups,
     of `local_sources` are not reduced: they stay this rank's own, divided
     by the set's size when `scale_local` (Horovod's rule), and are not made
     dense by `sparse_as_dense` (Horovod only densifies what it reduces).
-    Shared by DistributedGradientTape and the Keras DistributedOptimizer, so
-    both submit gradients to the core the same way.
+    On a rank outside the set (`membership.included` False) nothing is
+    reduced: every gradient stays this rank's own, as in Horovod, with the
+    same densifying and scaling. Shared by DistributedGradientTape and the
+    Keras DistributedOptimizer, so both submit gradients to the core the
+    same way.
     """
     local = (local_sources.positions(sources) if local_sources
              else frozenset())
@@ -112,7 +115,7 @@ def reduce_gradients(grads, sources, membership, reduce_args, groups,
         for i in present:
             if isinstance(out[i], tf.IndexedSlices):
                 out[i] = tf.convert_to_tensor(out[i])
-    if present:
+    if present and membership.included:
         parts = partition_positions(groups, present, sources)
         present_grads = [out[i] for i in present]
         if tf.executing_eagerly():
@@ -157,7 +160,9 @@ class DistributedGradientTape:
         variables in no list are reduced alone).
       process_set: the tfring.ProcessSet whose ranks reduce the gradients
         together (default: every rank); Average then divides by its size.
-        Only its ranks may call gradient().
+        On a rank outside the set, gradient() returns that rank's own
+        gradients, unreduced (as in Horovod), so every rank may run the
+        same code.
       scale_local_gradients: divide the gradients of sources registered
         with register_local_source() by the process set's size (Horovod's
         default, True), whatever `op` is; False leaves them as computed.
@@ -220,7 +225,8 @@ class DistributedGradientTape:
         """The tf.function that reduces eagerly for this tape's settings and
         process set (shared with every tape that has the same)."""
         membership = _process_sets.resolve(
-            self.process_set, "tfring.DistributedGradientTape.gradient()")
+            self.process_set, "tfring.DistributedGradientTape.gradient()",
+            allow_outside=True)
         return _eager_reduce_function(self._reduce_args, membership.key)
 
     @tf.autograph.experimental.do_not_convert
@@ -235,7 +241,8 @@ class DistributedGradientTape:
         # Checked on every call (the set may have been removed meanwhile),
         # before the local gradients are computed.
         membership = _process_sets.resolve(
-            self.process_set, "tfring.DistributedGradientTape.gradient()")
+            self.process_set, "tfring.DistributedGradientTape.gradient()",
+            allow_outside=True)
         grads = self._tape.gradient(
             target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients)

@@ -222,6 +222,32 @@ def test_integer_average_dense_is_exact_slices_are_divided_as_horovod(
         [[np.float64(v) / size] for r in range(size) for v in rank_values(r)])
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.float64,
+                                   tf.int32])
+def test_indexed_slices_average_is_horovods_division_bit_for_bit(
+        dtype, size, rank):
+    # Horovod divides the gathered values by the size eagerly. Inside a
+    # tf.function (where eager grouped calls run) Grappler would multiply by
+    # the reciprocal instead, which differs in the last bit at 3 ranks.
+    values = np.random.RandomState(rank).uniform(-100, 100, [3, 5])
+    slices = tf.IndexedSlices(tf.cast(values, dtype),
+                              tf.constant([0, rank, 2]),
+                              dense_shape=tf.constant([size + 2, 5]))
+    gathered = tfring.allgather(slices.values)
+    expected = (gathered / tf.cast(size, dtype)).numpy()
+    single = tfring.allreduce(slices, op=tfring.Average)
+    grouped = tfring.grouped_allreduce([tf.ones([2]), slices, slices],
+                                       op=tfring.Average)
+    for what, result in [("allreduce", single), ("grouped, first", grouped[1]),
+                         ("grouped, second", grouped[2])]:
+        assert result.values.dtype == expected.dtype, what
+        np.testing.assert_array_equal(result.values.numpy(), expected,
+                                      err_msg=what)
+        np.testing.assert_array_equal(
+            result.indices.numpy(),
+            [i for r in range(size) for i in (0, r, 2)], err_msg=what)
+
+
 @pytest.mark.parametrize("op", ["Min", "Max", "Product"])
 def test_indexed_slices_reject_other_ops(op, rank):
     # NotImplementedError, Horovod's type, with the fix.

@@ -153,13 +153,13 @@ def test_clipping_sees_the_averaged_gradients(clip, size, rank):
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_embedding_gradients(sparse_as_dense, size, rank, monkeypatch):
     gathered = []
-    original = collectives._allreduce_slices
+    original = collectives._gather_slices
 
     def spy(*args, **kwargs):
         gathered.append(args[0])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(collectives, "_allreduce_slices", spy)
+    monkeypatch.setattr(collectives, "_gather_slices", spy)
     _check_fit_equivalence(size, rank, _sgd(), make_model=_embedding_model,
                            embedding=True, sparse_as_dense=sparse_as_dense)
     # IndexedSlices travel as slices (allgather) unless sparse_as_dense.

@@ -1,7 +1,8 @@
 # The registered gradients of Tfring>Allreduce (every reduce op, with scale
 # factors), Tfring>Allgather (different rows per rank, scalars) and
 # Tfring>Broadcast (every root), through tf.GradientTape eagerly and inside
-# tf.function, at any number of ranks.
+# tf.function, at any number of ranks; and those of the grouped calls over
+# mixed dtypes, with incoming gradients of another dtype than the output.
 #
 # Rank r's loss is sum(w_r * y) with weights that depend on r, so the
 # incoming gradient differs between ranks and the expected input gradient
@@ -188,3 +189,109 @@ def test_gradient_through_a_variable_and_two_collectives(rank, size):
     # elsewhere; the Average gradient averages that over the ranks.
     expected = 2.0 * mean / size
     np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6)
+
+
+# --- grouped calls: mixed dtypes, incoming gradients of another dtype ----
+#
+# Horovod's tests pass float32 incoming gradients for float64 outputs, which
+# its grouped ops' registered gradients accept. Eagerly, tfring runs a
+# grouped call as one tf.function, whose traced backward function took only
+# the outputs' dtypes ("expected to be a double tensor but is a float
+# tensor").
+
+GROUPED_DTYPES = [tf.float32, tf.float64]
+
+
+def _grouped_gradients(call, xs, incoming, mode, one_at_a_time=False):
+    """d(outputs . incoming) / dxs for outputs = call(xs), eagerly or in a
+    tf.function; with `one_at_a_time`, one tape.gradient per output (of a
+    persistent tape), as Horovod's tests do."""
+    def run(xs, incoming):
+        with tf.GradientTape(persistent=one_at_a_time) as tape:
+            tape.watch(xs)
+            outputs = call(xs)
+        if one_at_a_time:
+            return [tape.gradient(y, x, output_gradients=g)
+                    for y, x, g in zip(outputs, xs, incoming)]
+        return tape.gradient(outputs, xs, output_gradients=incoming)
+
+    if mode == "function":
+        run = tf.function(run)
+    return [g.numpy() for g in run(xs, incoming)]
+
+
+def _row_weights(rows, columns, rank, dtype):
+    """Rank `rank`'s incoming gradient: row j is (rank + 1) * (j + 1)."""
+    column = (rank + 1.0) * np.arange(1.0, rows + 1)
+    return tf.constant(np.repeat(column, columns).reshape(rows, columns),
+                       dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("incoming_dtype", [None, tf.float32],
+                         ids=["output_dtype", "float32"])
+@pytest.mark.parametrize("one_at_a_time", [False, True],
+                         ids=["together", "one_at_a_time"])
+def test_grouped_allgather_mixed_dtypes(mode, incoming_dtype, one_at_a_time,
+                                        rank, size):
+    # Rank r contributes r + 1 rows; member i has i + 2 columns.
+    rows = [r + 1 for r in range(size)]
+    total, begin = sum(rows), sum(rows[:rank])
+    xs = [tf.fill([rows[rank], i + 2], tf.cast(rank, dtype))
+          for i, dtype in enumerate(GROUPED_DTYPES)]
+    incoming = [_row_weights(total, i + 2, rank, incoming_dtype or dtype)
+                for i, dtype in enumerate(GROUPED_DTYPES)]
+    grads = _grouped_gradients(tfring.grouped_allgather, xs, incoming, mode,
+                               one_at_a_time)
+    # Horovod's definition: this rank's rows of the average of the ranks'
+    # incoming gradients; the mean over s of (s + 1) is (size + 1) / 2.
+    for i, grad in enumerate(grads):
+        column = (size + 1) / 2.0 * np.arange(begin + 1.0,
+                                              begin + rows[rank] + 1)
+        expected = np.repeat(column, i + 2).reshape(rows[rank], i + 2)
+        np.testing.assert_array_equal(grad, expected, err_msg=f"member {i}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+@pytest.mark.parametrize("incoming_dtype", [None, tf.float32],
+                         ids=["output_dtype", "float32"])
+@pytest.mark.parametrize("one_at_a_time", [False, True],
+                         ids=["together", "one_at_a_time"])
+def test_grouped_reducescatter_mixed_dtypes(mode, op, incoming_dtype,
+                                            one_at_a_time, rank, size):
+    # Two rows per rank; member i has i + 2 columns.
+    xs = [tf.fill([2 * size, i + 2], tf.cast(rank, dtype))
+          for i, dtype in enumerate(GROUPED_DTYPES)]
+    incoming = [_row_weights(2, i + 2, rank, incoming_dtype or dtype)
+                for i, dtype in enumerate(GROUPED_DTYPES)]
+    grads = _grouped_gradients(
+        lambda ts: tfring.grouped_reducescatter(ts, op=getattr(tfring, op)),
+        xs, incoming, mode, one_at_a_time)
+    # Horovod's definition: the allgather of the incoming gradients, times
+    # the number of ranks for Sum.
+    factor = size if op == "Sum" else 1
+    for i, grad in enumerate(grads):
+        expected = factor * np.concatenate(
+            [_row_weights(2, i + 2, s, tf.float64).numpy()
+             for s in range(size)])
+        np.testing.assert_array_equal(grad, expected, err_msg=f"member {i}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_grouped_allreduce_float32_incoming_gradients(mode, op, rank, size):
+    xs = [tf.fill([2, i + 2], tf.cast(rank, dtype))
+          for i, dtype in enumerate(GROUPED_DTYPES)]
+    incoming = [_row_weights(2, i + 2, rank, tf.float32)
+                for i in range(len(xs))]
+    grads = _grouped_gradients(
+        lambda ts: tfring.grouped_allreduce(ts, op=getattr(tfring, op)),
+        xs, incoming, mode)
+    for i, grad in enumerate(grads):
+        expected = sum(_row_weights(2, i + 2, s, tf.float64).numpy()
+                       for s in range(size))
+        if op == "Average":
+            expected = expected / size
+        np.testing.assert_allclose(grad, expected, rtol=1e-6,
+                                   err_msg=f"member {i}")

@@ -133,6 +133,16 @@ def test_init_registers_the_sets_in_order():
         assert SETS["ends"].ranks == [0, N - 1]
 
 
+def test_horovods_internal_table_of_sets():
+    # Horovod's process-set tests read the table through this internal
+    # function: {id: ranks} with the global set, in id order.
+    table = tfring.mpi_ops._basics._get_process_set_ids_and_ranks()
+    expected = {0: list(range(N))}
+    expected.update({s.process_set_id: s.ranks for s in SETS.values()})
+    assert table == expected
+    assert list(table) == sorted(table)
+
+
 def test_str_is_readable():
     s = tfring.ProcessSet([3, 1])
     assert str(s) == "ProcessSet(process_set_id=None, ranks=[1, 3])"
@@ -266,11 +276,15 @@ def test_indexed_slices_average_divides_by_the_set_size():
     for _, s in _all_sets():
         slices = tf.IndexedSlices(tf.constant([[float(ME + 1)]]),
                                   tf.constant([ME]), tf.constant([N, 1]))
-        out = tfring.allreduce(slices, op=tfring.Average, process_set=s)
-        assert list(out.indices.numpy()) == s.ranks
-        np.testing.assert_allclose(
-            out.values.numpy()[:, 0],
-            [(r + 1) / len(s.ranks) for r in s.ranks])
+        single = tfring.allreduce(slices, op=tfring.Average, process_set=s)
+        grouped, = tfring.grouped_allreduce([slices], op=tfring.Average,
+                                            process_set=s)
+        # Horovod's arithmetic: float32 values divided by the set's size.
+        expected = np.array([r + 1 for r in s.ranks],
+                            np.float32) / np.float32(len(s.ranks))
+        for out in (single, grouped):
+            assert list(out.indices.numpy()) == s.ranks
+            np.testing.assert_array_equal(out.values.numpy()[:, 0], expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -419,6 +433,59 @@ def _tape_sum(w, x, s):
                                         process_set=s) as tape:
         loss = tf.reduce_sum(w * x)
     return tape.gradient(loss, w)
+
+
+@pytest.mark.requires_ranks(2)
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_tape_outside_the_set_returns_this_ranks_gradients(mode):
+    # Horovod's rule: the same code runs on every rank; the set's ranks
+    # average, the others keep their own gradients. Local sources are
+    # divided by the set's size everywhere; sparse_as_dense densifies
+    # everywhere.
+    for _, s in SETS.items():
+        k = len(s.ranks)
+        w = tf.Variable([1.0, 2.0])
+        local = tf.Variable([3.0])
+        table = tf.Variable(tf.zeros([N + 1, 2]))
+
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = (tf.reduce_sum(w * x) + tf.reduce_sum(local * x[0])
+                        + tf.reduce_sum(tf.gather(table, [ME]) * x))
+            tape = tfring.DistributedGradientTape(tape, process_set=s,
+                                                  sparse_as_dense=True)
+            tape.register_local_source(local)
+            return tape.gradient(loss, [w, local, table])
+
+        g_w, g_local, g_table = _run(step, mode,
+                                     tf.constant([float(ME), 1.0]))
+        assert not isinstance(g_table, tf.IndexedSlices)
+        if ME in s.ranks:
+            np.testing.assert_allclose(g_w, [np.mean(s.ranks), 1.0])
+            rows = np.zeros([N + 1, 2])
+            for r in s.ranks:
+                rows[r] = [r / k, 1.0 / k]
+        else:
+            np.testing.assert_allclose(g_w, [float(ME), 1.0])
+            rows = np.zeros([N + 1, 2])
+            rows[ME] = [float(ME), 1.0]
+        np.testing.assert_allclose(g_table, rows)
+        np.testing.assert_allclose(g_local, [ME / k])
+
+
+@pytest.mark.requires_ranks(2)
+def test_horovods_tape_test_on_every_rank():
+    # test_distributed_gradient_tape_process_sets of Horovod's
+    # test_tensorflow_process_sets.py, on every set.
+    for _, s in SETS.items():
+        x = tf.constant(float(ME))
+        with tf.GradientTape() as g:
+            g.watch(x)
+            y = x * x
+        dy_dx, = tfring.DistributedGradientTape(g, process_set=s).gradient(
+            y, [x])
+        expected = 2.0 * (np.mean(s.ranks) if s.included() else ME)
+        assert float(dy_dx) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -602,6 +669,10 @@ def test_bad_init_arguments():
             with pytest.raises(error, match=text):
                 tfring.init(process_sets=process_sets)
             assert not tfring.is_initialized()
+        with pytest.raises(ValueError) as info:
+            tfring.mpi_ops._basics._get_process_set_ids_and_ranks()
+        assert ("`tfring.mpi_ops._basics._get_process_set_ids_and_ranks()` "
+                "was called after `tfring.shutdown()`") in str(info.value)
     finally:
         _init_module_sets()
     assert all(s.process_set_id is not None for s in SETS.values())
@@ -701,6 +772,9 @@ def test_dynamic_sets_add_use_remove():
         assert second.process_set_id > first.process_set_id
         assert tfring._core.process_sets()[second.process_set_id] == \
             second.ranks
+        assert tfring.mpi_ops._basics._get_process_set_ids_and_ranks() == {
+            0: list(range(N)), first.process_set_id: [0],
+            second.process_set_id: second.ranks}
         with pytest.raises(ValueError) as info:
             tfring.add_process_set([0])
         assert (f"a duplicate of the existing process set "
@@ -735,6 +809,8 @@ def test_dynamic_sets_add_use_remove():
         assert tfring.remove_process_set(second) is True
         assert tfring.remove_process_set(again) is True
         assert set(tfring._core.process_sets()) == {0}
+        assert tfring.mpi_ops._basics._get_process_set_ids_and_ranks() == {
+            0: list(range(N))}
 
 
 # --- Keras -----------------------------------------------------------------
@@ -782,6 +858,34 @@ def test_keras_fit_with_distributed_optimizer_in_a_set():
     gathered = tfring.allgather(tf.constant(model.get_weights()[0].T),
                                 process_set=s)
     np.testing.assert_array_equal(gathered, np.tile(gathered[:1], [k, 1]))
+
+
+@pytest.mark.requires_ranks(2)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("loss_scale", [False, True])
+def test_distributed_optimizer_outside_the_set_applies_own_gradients(
+        mode, loss_scale):
+    # As Horovod's Keras optimizer: the set's ranks apply the set's average,
+    # the others their own gradients (here with a local variable too, which
+    # the loss-scale optimizer checks for overflow within the set only).
+    for _, s in SETS.items():
+        k = len(s.ranks)
+        w = tf.Variable([1.0, 1.0])
+        local = tf.Variable([1.0])
+        inner = keras.optimizers.SGD(1.0)
+        if loss_scale:
+            inner = keras.optimizers.LossScaleOptimizer(inner,
+                                                        initial_scale=1.0)
+        opt = hvd_keras.DistributedOptimizer(inner, process_set=s)
+        opt.register_local_var(local)
+        opt.build([w, local])
+        grads = [tf.constant([float(ME), 1.0]), tf.constant([float(ME)])]
+        _run(lambda: opt.apply(grads, [w, local]), mode)
+        if ME in s.ranks:
+            np.testing.assert_allclose(w, [1.0 - np.mean(s.ranks), 0.0])
+        else:
+            np.testing.assert_allclose(w, [1.0 - ME, 0.0])
+        np.testing.assert_allclose(local, [1.0 - ME / k], rtol=1e-6)
 
 
 # --- two disjoint sets at once ------------------------------------------

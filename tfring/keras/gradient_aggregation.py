@@ -70,13 +70,15 @@ class GradientReducer:
 
     def reduce(self, grads, variables):
         """The reduced `grads`, in order; None where a gradient is None.
-        Gradients of local variables stay this rank's own (scaled).
+        Gradients of local variables stay this rank's own (scaled), and so
+        do all gradients on a rank outside the process set (as in Horovod).
 
         Every rank must pass None at the same positions.
         """
         # Checked on every step: the set may have been removed meanwhile.
         membership = _process_sets.resolve(
-            self.process_set, "tfring.keras.DistributedOptimizer.apply()")
+            self.process_set, "tfring.keras.DistributedOptimizer.apply()",
+            allow_outside=True)
         self.used = True
         return _tape.reduce_gradients(
             list(grads), list(variables), membership, self.reduce_args,

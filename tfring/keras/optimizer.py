@@ -162,10 +162,11 @@ class DistributedOptimizer(_Optimizer):
       device_dense, device_sparse: devices for the reductions.
       num_groups: deprecated; use groups.
       process_set: the tfring.ProcessSet whose ranks average their gradients
-        together (default: every rank); Average divides by its size. Only
-        its ranks may train with this optimizer. Not saved with the model
-        (process sets exist only while a job runs): a loaded optimizer
-        reduces over every rank.
+        together (default: every rank); Average divides by its size. A rank
+        outside the set applies its own gradients, unreduced (as in
+        Horovod), so every rank may run the same code. Not saved with the
+        model (process sets exist only while a job runs): a loaded
+        optimizer reduces over every rank.
       scale_local_gradients: divide the gradients of variables registered
         with register_local_var() by the process set's size (True, Horovod's
         default, whatever `op` is), or leave them as computed (False).
@@ -532,7 +533,9 @@ class DistributedLossScaleOptimizer(DistributedOptimizer,
         # NaN in its first local gradient and skips the step too.
         local = [i for i in sorted(self._reducer.local_positions(variables))
                  if grads[i] is not None]
-        if not local:
+        if not local or not self.process_set.included():
+            # Outside the set every gradient is this rank's own, and the
+            # set's ranks do not wait for it.
             return grads
         values = [grads[i].values if isinstance(grads[i], tf.IndexedSlices)
                   else grads[i] for i in local]
