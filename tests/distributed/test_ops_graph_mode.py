@@ -1,12 +1,15 @@
 # The ops in graphs: a tf.compat.v1 Session, and the naming rule of
 # tfring.ops.collective_ops (the name the kernel gives the core must be equal
 # on every rank and unique among concurrently running tensors): the
-# function's name and the collective's position in it, names that the kernel
-# really uses, two functions with identical bodies running at the same time
-# in two threads, a helper function shared by two functions running at the
-# same time, a name scope opened on one rank only, control flow, nested
+# function's name and the collective's name (or, unnamed, its number among
+# the unnamed collectives of its kind), names that the kernel really uses,
+# two functions with identical bodies running at the same time in two
+# threads, a helper function shared by two functions running at the same
+# time, a helper called many times under a name scope opened on one rank
+# only, a name scope opened on one rank only, control flow, nested
 # functions, and names that do not depend on how many functions a rank
-# traced before.
+# traced before. Named collectives built in a different order on each rank
+# are in test_collective_names.py.
 
 import threading
 
@@ -35,10 +38,10 @@ def test_compat_v1_session(rank, size):
         shared = ops.broadcast_op(x, size - 1)
         topology = [ops.size_op(), ops.rank_op()]
         (grad,) = tf.gradients(tf.reduce_sum(summed * 2.0), x)
-        # No function: the position in the graph alone (the gradient's
-        # allreduce is the fourth collective built).
+        # No function: unnamed collectives are numbered per kind; the
+        # gradient's allreduce is named after its forward op.
         assert _tensor_names(graph) == [
-            "allgather.1", "allreduce.0", "allreduce.3", "broadcast.2"]
+            "allgather.0", "allreduce.0", "allreduce.0_grad", "broadcast.0"]
     with tf.compat.v1.Session(graph=graph) as session:
         for step in range(2):
             feed = {x: np.array([rank + step, 1.0], np.float32)}
@@ -63,7 +66,7 @@ def test_compat_v1_session_names_and_v1_gradients(rank, size):
         (grad,) = tf.gradients(first + second, x)
         assert (first.op.name, second.op.name) == ("loss", "loss_1")
         assert (first.op.get_attr("tensor_name"),
-                second.op.get_attr("tensor_name")) == (b"loss.0", b"loss.1")
+                second.op.get_attr("tensor_name")) == (b"loss", b"loss@1")
     with tf.compat.v1.Session(graph=graph) as session:
         f, s, g = session.run([first, second, grad])
     mean = (size + 1) / 2.0
@@ -89,7 +92,7 @@ def test_compat_v1_conds_count_in_their_graph(rank, size):
     assert (f.tolist(), s.tolist()) == ([total], [10.0 * total])
 
 
-def test_function_collectives_are_named_by_function_and_position():
+def test_function_collectives_are_named_by_function_and_name():
     x = tf.constant([1.0])
 
     @tf.function
@@ -100,10 +103,10 @@ def test_function_collectives_are_named_by_function_and_position():
         return a + b + ops.allgather_op(x) + ops.broadcast_op(x, 0)
 
     graph = train_step.get_concrete_function().graph
-    assert _tensor_names(graph) == ["train_step/allgather.2",
+    assert _tensor_names(graph) == ["train_step/allgather.0",
                                     "train_step/allreduce.0",
-                                    "train_step/broadcast.3",
-                                    "train_step/loss.1"]
+                                    "train_step/broadcast.0",
+                                    "train_step/loss"]
 
 
 def test_lambda_function_name_is_sanitized(size):
@@ -220,6 +223,32 @@ def test_helper_called_twice_in_one_function(rank, size):
 
     total = size * (size + 1) / 2.0
     assert step().numpy().tolist() == [total, 10.0 * total]
+
+
+def test_helper_called_many_times_under_a_scope_opened_on_one_rank(rank,
+                                                                   size):
+    # The inlined copies of the helper's collective are named after their
+    # call sites: `call_1/...` to `call_12/...` on rank 0, which opened one
+    # more `call` scope first, `call/...` to `call_11/...` elsewhere. Copy
+    # numbers follow the calls only if `call_10` sorts after `call_9`.
+    @tf.function
+    def helper(x):
+        return ops.allreduce_op(x, tfring.Sum)
+
+    @tf.function
+    def step():
+        if rank == 0:
+            with tf.name_scope("call"):
+                tf.constant(0.0, name="summary")
+        results = []
+        for k in range(12):
+            with tf.name_scope("call"):
+                x = tf.constant(float((k + 1) * (rank + 1)))
+                results.append(helper(x))
+        return tf.stack(results)
+
+    total = size * (size + 1) / 2.0
+    assert step().numpy().tolist() == [(k + 1) * total for k in range(12)]
 
 
 def test_name_scope_opened_on_one_rank_only(rank, size):

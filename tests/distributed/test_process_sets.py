@@ -1,7 +1,8 @@
 # Process sets at any number of ranks (and at 4 in a dedicated run):
 # tfring.ProcessSet from a list and from an mpi4py communicator, init with
 # process sets, every collective inside a set (eagerly and in tf.function,
-# and allreduce/broadcast/reducescatter under XLA), the object helpers,
+# and allreduce/broadcast/reducescatter under XLA; one name used in every
+# set, built in a different order on each rank), the object helpers,
 # DistributedGradientTape, gradients, a Keras model.fit with
 # DistributedOptimizer(process_set=...), dynamic sets (add, use, remove),
 # and the errors: a set this rank is not in, one that is not registered or
@@ -20,6 +21,8 @@
 
 import contextlib
 import inspect
+import random
+import threading
 
 import numpy as np
 import pytest
@@ -546,6 +549,75 @@ def _every_collective(s, root=0):
         "allgather_object": lambda: tfring.allgather_object(
             1, process_set=s),
     }
+
+
+def test_same_names_in_every_set_built_in_shuffled_order():
+    # One name per kind, used in the global set and in each of this rank's
+    # sets, built in a different random order on each rank in one function:
+    # each set's copy of a name is its own tensor, matched by name.
+    kinds = ("allreduce", "grouped_allreduce", "allgather", "broadcast")
+    items = [(s, k, kind) for _, s in _all_sets()
+             for k, kind in enumerate(kinds)]
+    order = list(items)
+    random.Random(ME).shuffle(order)
+
+    def value(r, s, k):
+        return float((r + 1) * (1 + k + 10 * s.process_set_id))
+
+    def build(s, k, kind):
+        x = tf.fill([2], value(ME, s, k))
+        name = f"shuffled_{kind}"
+        if kind == "allreduce":
+            return tfring.allreduce(x, op=tfring.Sum, name=name,
+                                    process_set=s)
+        if kind == "grouped_allreduce":
+            return tfring.grouped_allreduce([x, 2 * x], op=tfring.Sum,
+                                            name=name, process_set=s)
+        if kind == "allgather":
+            return tfring.allgather(x[:1], name=name, process_set=s)
+        return tfring.broadcast(x, s.ranks[-1], name=name, process_set=s)
+
+    @tf.function
+    def step():
+        return {(s.process_set_id, kind): build(s, k, kind)
+                for s, k, kind in order}
+
+    results = _within_time_limit(step)
+    for s, k, kind in items:
+        values = [value(r, s, k) for r in s.ranks]
+        got = results[(s.process_set_id, kind)]
+        if kind == "allreduce":
+            want = [sum(values)] * 2
+        elif kind == "grouped_allreduce":
+            got = [g.numpy().tolist() for g in got]
+            want = [[sum(values)] * 2, [2 * sum(values)] * 2]
+        elif kind == "allgather":
+            want = values
+        else:
+            want = [values[-1]] * 2
+        np.testing.assert_array_equal(got, want, err_msg=f"{s} {kind}")
+
+
+def _within_time_limit(fn, seconds=60):
+    """fn(); fails if it has not returned within `seconds` (the ranks did
+    not pair up their collectives)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = fn()
+        except BaseException as error:  # re-raised below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), (
+        f"still waiting after {seconds} s: the ranks did not pair up their "
+        "collectives")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 @pytest.mark.requires_ranks(2)

@@ -7,43 +7,62 @@ across ranks.
 
 Naming rule. The core pairs up the tensors of different ranks by name, so a
 name must be identical on every rank and unique among the tensors in flight
-at the same time:
+at the same time. A collective's name depends only on what it is called,
+never on how many other collectives a rank built before it, so ranks may
+build differently named collectives in different orders (iterating a `set`
+of names, whose string hashes differ per process, or a directory listing),
+as with Horovod:
 
-* Eager: the op's `tensor_name` attribute is `name`. An empty name makes the
-  kernel use its node name, which in eager mode is the op type
-  (`Tfring>Allreduce`) for every call; that is safe because eager ops issued
-  from one thread run one after another. Callers that issue eager
-  collectives from several threads must pass distinct names. TensorFlow
-  caches one eager kernel per distinct attribute value, so eager names should
-  come from a bounded set (variable names, a fixed key); a fresh name on
-  every call (a per-call counter) costs a new kernel each time (measured:
-  ~35 KB kept forever and ~0.4 ms per call, against ~20 us for a repeated
-  name).
+* The key. A collective built with `name=` is keyed by that name. One built
+  without is keyed `<kind>.<n>` (`allreduce.0`), n counting the unnamed
+  collectives of that kind built before it in the same function (or eagerly
+  left empty, see below), so unnamed collectives must be built in the same
+  order on every rank. In process set k (not 0), `.ps<k>` is appended to a
+  name (`grad_w.ps1`) and inserted before n (`allreduce.ps1.0`).
+* Eager: the op's `tensor_name` attribute is the key of a named collective.
+  An unnamed one gets an empty name, which makes the kernel use its node
+  name, in eager mode the op type (`Tfring>Allreduce`) for every call; that
+  is safe because eager ops issued from one thread run one after another.
+  Callers that issue eager collectives from several threads must pass
+  distinct names. TensorFlow caches one eager kernel per distinct attribute
+  value, so eager names should come from a bounded set (variable names, a
+  fixed key); a fresh name on every call (a per-call counter) costs a new
+  kernel each time (measured: ~35 KB kept forever and ~0.4 ms per call,
+  against ~20 us for a repeated name).
 * Graph (inside `tf.function`, or a `tf.compat.v1.Graph`): `tensor_name` is
-  set when the op is built, from the function that contains it and the
-  collective's position among that function's collectives:
-  `train_step/allreduce.0`, `train_step/grad_w.1` (with `name="grad_w"`).
-  Bodies of `tf.cond` / `tf.while_loop` count in the enclosing function.
-  Function names carry no process-wide counter (the backward function of
-  `train_step`, `__backward_train_step_1234`, counts as
-  `backward_train_step`), since a name that differs between ranks would never
-  be matched. Node names are not used: TensorFlow numbers name scopes in
-  the order they are opened, so a scope opened on one rank only (a summary
-  under `if rank() == 0`) would rename every later node on that rank.
+  set when the op is built. Copies of one key in one function (the same
+  `name=` twice, or a library that names several collectives alike, as
+  SyncBatchNormalization does) are numbered in the order they are built:
+  the first is the key, later ones get `@1`, `@2`, ... Copies of one name
+  must therefore be built in the same order on every rank; other names do
+  not change their numbers. Inside a `tf.function` the name is qualified by
+  the function: `train_step/grad_w`, `train_step/grad_w@1`,
+  `train_step/allreduce.0`; in a `tf.compat.v1.Graph` it is the key and copy
+  number alone (`grad_w`, `grad_w@1`). Bodies of `tf.cond` /
+  `tf.while_loop` count in the enclosing function. Function names carry no
+  process-wide counter (the backward function of `train_step`,
+  `__backward_train_step_1234`, counts as `backward_train_step`), since a
+  name that differs between ranks would never be matched. Node names are
+  not used: TensorFlow numbers name scopes in the order they are opened, so
+  a scope opened on one rank only (a summary under `if rank() == 0`) would
+  rename every later node on that rank.
   When TensorFlow prepares a function to run, the graph pass in
   kernels/collective_naming_pass.cc prefixes each name with the function
   being run: a `tf.function` helper inlined into two functions f and g gets
   `f/helper/allreduce.0` and `g/helper/allreduce.0`, so f and g may run
-  concurrently with different values.
+  concurrently with different values. Copies that inlining creates (a
+  helper called twice) are numbered `@0`, `@1`, ... in the order of their
+  call sites.
+* Gradients (gradients.py) are named after their forward op,
+  `<forward key>_grad` (`grad_w_grad`, `allreduce.0_grad`), in the forward
+  op's process set, so they match whatever order TensorFlow builds them in.
 
 Process sets. Every wrapper takes `process_set_id` (0, the default, is the
 whole job), which becomes the op's attribute of that name; only the set's
-ranks may run the op. In graphs, collectives are numbered per process set:
-`train_step/allreduce.3` counts the function's global-set collectives only,
-and a collective of set k is `train_step/allreduce.ps<k>.0`, counting that
-set's. Ranks of disjoint sets may therefore trace different collectives in
-the same function (`if ps.included(): ...`) and still agree on the names of
-the collectives they share.
+ranks may run the op. Keys and copy numbers are per process set, so ranks of
+disjoint sets may trace different collectives in the same function
+(`if ps.included(): ...`) and still agree on the names of the collectives
+they share, and one name may be used in several sets at once.
 
 Limits of the rule (the core then fails the second tensor in flight with an
 error naming it, rather than pairing it): two `tf.function`s with the same
@@ -51,7 +70,8 @@ Python name (or names differing only in a trailing `_<digits>`) running
 concurrently, one concrete function running in several threads at once, a
 `tf.while_loop` with `parallel_iterations > 1` whose iterations overlap, or
 a helper shared by functions compiled with XLA (whose bodies the graph pass
-does not see) running concurrently.
+does not see) running concurrently. User names ending in `@<digits>` or
+`.ps<digits>` may collide with the copies or sets of another name.
 
 XLA. Inside tf.function(jit_compile=True) or a Keras model compiled with
 jit_compile=True, allreduce and broadcast are compiled to XLA custom calls
@@ -89,8 +109,8 @@ __all__ = [
     "process_set_rank_op",
 ]
 
-# Characters TensorFlow accepts in a name scope; a scope must also start with
-# a letter, a digit or a dot.
+# Characters TensorFlow accepts in a name scope (and in one level of a node
+# name); a scope must also start with a letter, a digit or a dot.
 _INVALID_SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 _INVALID_SCOPE_START = re.compile(r"^[^A-Za-z0-9.]+")
 _TRAILING_COUNTER = re.compile(r"_[0-9]+$")
@@ -130,25 +150,77 @@ def _naming_graph(graph):
     return graph
 
 
-# Collectives built so far per naming graph and process set id: the
-# position part of the names above.
+# How many collectives of each name (per process set) each naming graph
+# holds so far: the copy numbers of the names above.
 _collectives_built = weakref.WeakKeyDictionary()
+
+
+def collective_label(kind, name, process_set_id, occurrence):
+    """The key of a collective within its function (or v1 graph).
+
+    `name` for the first collective of that name in process set 0, with
+    `.ps<k>` added in set k and `@<occurrence>` added for later copies of
+    the name; an unnamed collective is `<kind>.<occurrence>`
+    (`<kind>.ps<k>.<occurrence>`), counting the unnamed ones of its kind.
+    """
+    in_set = f".ps{process_set_id}" if process_set_id else ""
+    if not name:
+        return f"{kind}{in_set}.{occurrence}"
+    return f"{name}{in_set}@{occurrence}" if occurrence else f"{name}{in_set}"
 
 
 def _graph_tensor_name(graph, kind, name, process_set_id=0):
     """The cross-rank name of the next collective of set `process_set_id`
-    built in `graph`."""
+    named `name` (or, unnamed, of kind `kind`) built in `graph`."""
     owner = _naming_graph(graph)
     counts = _collectives_built.setdefault(owner, {})
-    position = counts.get(process_set_id, 0)
-    counts[process_set_id] = position + 1
-    if process_set_id:
-        label = f"{name or kind}.ps{process_set_id}.{position}"
-    else:
-        label = f"{name or kind}.{position}"
+    # A named collective counts only its own name, so the order in which
+    # differently named ones are built does not matter.
+    key = (process_set_id, name) if name else (process_set_id, None, kind)
+    occurrence = counts.get(key, 0)
+    counts[key] = occurrence + 1
+    label = collective_label(kind, name, process_set_id, occurrence)
     if not isinstance(owner, func_graph.FuncGraph):
         return label  # a tf.compat.v1.Graph: no function to name
     return f"{_scope_for_graph_name(owner.name)}/{label}"
+
+
+def gradient_base_name(op):
+    """The name the gradient of collective `op` derives its own from.
+
+    The forward op's cross-rank name without the process set part (the
+    gradient runs in the same set and adds it again) and, in a graph,
+    without the function's scope (the gradient is qualified by the function
+    that builds it). None for a forward op without a name.
+    """
+    tensor_name = op.get_attr("tensor_name")
+    if isinstance(tensor_name, bytes):
+        tensor_name = tensor_name.decode("utf-8")
+    if not tensor_name:
+        return None
+    if not tf.executing_eagerly():
+        # A tape passes a stand-in op without a graph; it recorded the op
+        # in the graph that now builds the gradient.
+        owner = _naming_graph(getattr(op, "graph", None)
+                              or ops.get_default_graph())
+        if isinstance(owner, func_graph.FuncGraph):
+            scope = _scope_for_graph_name(owner.name) + "/"
+            if tensor_name.startswith(scope):
+                tensor_name = tensor_name[len(scope):]
+    process_set_id = op.get_attr("process_set_id")
+    if process_set_id:
+        tensor_name = re.sub(rf"\.ps{process_set_id}(?=([.@][0-9]+)?$)", "",
+                             tensor_name, count=1)
+    return tensor_name
+
+
+def _node_name(name):
+    """`name` as a valid node name (None for none): node names only label
+    the graph, the cross-rank name is the `tensor_name` attribute."""
+    if not name:
+        return None
+    node_name = _INVALID_SCOPE_CHARS.sub("_", name)
+    return _INVALID_SCOPE_START.sub("", node_name) or None
 
 
 def _create_collective(op_fn, kind, inputs, name, process_set_id=0,
@@ -160,11 +232,13 @@ def _create_collective(op_fn, kind, inputs, name, process_set_id=0,
         inputs = (inputs,)
     process_set_id = int(process_set_id)
     if tf.executing_eagerly():
-        return op_fn(*inputs, tensor_name=name or "",
+        tensor_name = (collective_label(kind, name, process_set_id, 0)
+                       if name else "")
+        return op_fn(*inputs, tensor_name=tensor_name,
                      process_set_id=process_set_id, **attrs)
     tensor_name = _graph_tensor_name(ops.get_default_graph(), kind, name,
                                      process_set_id)
-    return op_fn(*inputs, tensor_name=tensor_name, name=name,
+    return op_fn(*inputs, tensor_name=tensor_name, name=_node_name(name),
                  process_set_id=process_set_id, **attrs)
 
 

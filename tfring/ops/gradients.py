@@ -3,11 +3,12 @@
 Why here and not in the public API: a gradient belongs to the op type, so
 tf.GradientTape and tf.gradients find it whichever wrapper created the op.
 
-Each gradient is itself a collective, so every rank must compute it, in the
-same graph position, under the same name. The names are derived from the
-forward op: eagerly from its `tensor_name` attribute (`<name>_grad`), in a
-graph from the gradient name scope TensorFlow opens for the forward op (see
-the naming rule in `tfring.ops.collective_ops`).
+Each gradient is itself a collective, so every rank must compute it under
+the same name. Its name is derived from the forward op's, eagerly and in
+graphs (`<name>_grad`, `<name>_grad_extremum`, ...; see gradient_base_name
+and the naming rule in `tfring.ops.collective_ops`), so it does not depend
+on the order in which TensorFlow builds the gradients, which follows the
+order the forward ops were built in.
 
 Let rank r hold x_r and y = reduce(x_0, ..., x_{n-1}) be the result every rank
 receives, and g_s the incoming gradient of y on rank s. Then
@@ -37,6 +38,7 @@ from tfring import _core
 from tfring.ops.collective_ops import allgather_op
 from tfring.ops.collective_ops import allreduce_op
 from tfring.ops.collective_ops import alltoall_op
+from tfring.ops.collective_ops import gradient_base_name
 from tfring.ops.collective_ops import process_set_rank_op
 from tfring.ops.collective_ops import rank_op
 from tfring.ops.collective_ops import size_op
@@ -49,15 +51,10 @@ _PRODUCT = int(_core.ReduceOp.Product)
 
 
 def _gradient_name(op, suffix):
-    """`<forward name>_<suffix>` eagerly; None (TF's scoped name) in graphs."""
-    if not tf.executing_eagerly():
-        # The gradient name scope already carries the forward op's scope,
-        # and TensorFlow uniquifies node names within the graph.
-        return None
-    tensor_name = op.get_attr("tensor_name")
-    if isinstance(tensor_name, bytes):
-        tensor_name = tensor_name.decode("utf-8")
-    return f"{tensor_name}_{suffix}" if tensor_name else None
+    """`<forward name>_<suffix>` (see gradient_base_name), or None for an
+    unnamed eager forward op."""
+    base = gradient_base_name(op)
+    return f"{base}_{suffix}" if base else None
 
 
 def _scale(dtype, factor):

@@ -2,18 +2,22 @@
 // top-level function, after TensorFlow has inlined the functions it calls.
 //
 // Why: the Python wrappers name each collective when it is traced, after
-// the function that contains it and its position there
-// ("helper/allreduce.0"; see collective_ops.py). A @tf.function helper
-// called from two functions f and g is traced once, and TensorFlow inlines
-// the same body into both, so f and g would submit the same name: run
-// concurrently, rank 0's f could be paired with rank 1's g, silently mixing
-// their tensors. When TensorFlow prepares a function to run (every rank the
-// same way), this pass prefixes each collective's name with the name of the
-// function being run, stripped of TensorFlow's per-process counter
-// ("f/helper/allreduce.0", "g/helper/allreduce.0"), and numbers the copies
-// of one name that the function holds (a helper called twice) in node-name
-// order. The node names themselves are never the key: a name scope opened
-// on one rank only shifts them.
+// the function that contains it and the user's name ("helper/grad_w", or
+// "helper/allreduce.0" unnamed; see collective_ops.py). A @tf.function
+// helper called from two functions f and g is traced once, and TensorFlow
+// inlines the same body into both, so f and g would submit the same name:
+// run concurrently, rank 0's f could be paired with rank 1's g, silently
+// mixing their tensors. When TensorFlow prepares a function to run (every
+// rank the same way), this pass prefixes each collective's name with the
+// name of the function being run, stripped of TensorFlow's per-process
+// counter ("f/helper/grad_w", "g/helper/grad_w"). The copies of one name
+// that the function then holds (a helper called twice) are numbered
+// "@0", "@1", ... in the natural order of their node names ("call_2" before
+// "call_10"): inlined nodes are named after their call sites, which
+// TensorFlow numbers in the order the calls were built, so copies built in
+// the same order on every rank get the same numbers even when a name scope
+// opened on one rank only shifts the node names. The node names themselves
+// are never the key.
 //
 // Limits: functions compiled by XLA as a whole keep the traced names (this
 // pass does not see their bodies), as do functions TensorFlow does not
@@ -73,6 +77,38 @@ std::string StableFunctionName(std::string name) {
   return name.empty() ? "function" : name;
 }
 
+// Orders names with runs of digits compared as numbers ("call_2" before
+// "call_10"), the order in which TensorFlow numbers uniquified names.
+bool NaturalLess(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (absl::ascii_isdigit(a[i]) && absl::ascii_isdigit(b[j])) {
+      const size_t a_end = std::min(a.find_first_not_of("0123456789", i), a.size());
+      const size_t b_end = std::min(b.find_first_not_of("0123456789", j), b.size());
+      // Leading zeros do not occur in TensorFlow's counters; skip them so
+      // that equal numbers compare equal.
+      size_t a_start = i;
+      size_t b_start = j;
+      while (a_start + 1 < a_end && a[a_start] == '0') ++a_start;
+      while (b_start + 1 < b_end && b[b_start] == '0') ++b_start;
+      const size_t a_digits = a_end - a_start;
+      const size_t b_digits = b_end - b_start;
+      if (a_digits != b_digits) return a_digits < b_digits;
+      const int order = a.compare(a_start, a_digits, b, b_start, b_digits);
+      if (order != 0) return order < 0;
+      if (a_end - i != b_end - j) return a_end - i < b_end - j;
+      i = a_end;
+      j = b_end;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
 class CollectiveNamingPass : public GraphOptimizationPass {
  public:
   absl::Status Run(const GraphOptimizationPassOptions& options) override {
@@ -95,8 +131,9 @@ class CollectiveNamingPass : public GraphOptimizationPass {
 
     // Key every collective by its function-qualified name, in node-name
     // order so that copies of one name are numbered the same on every rank.
-    std::sort(collectives.begin(), collectives.end(),
-              [](const Node* a, const Node* b) { return a->name() < b->name(); });
+    std::sort(collectives.begin(), collectives.end(), [](const Node* a, const Node* b) {
+      return NaturalLess(a->name(), b->name());
+    });
     std::map<std::string, std::vector<Node*>> by_name;
     for (Node* node : collectives) {
       std::string name;
