@@ -27,6 +27,7 @@ import tensorflow as tf
 import tfring
 from tfring import ops
 from tfring.ops import collective_ops
+from time_limit import DEFAULT_SECONDS, within_time_limit
 
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather",
          "broadcast", "alltoall", "reducescatter", "grouped_reducescatter")
@@ -41,7 +42,7 @@ DIFFERENTIABLE = tuple(item for item in ITEMS
 COLLECTIVE_TYPES = ("Tfring>Allreduce", "Tfring>Allgather",
                     "Tfring>Broadcast", "Tfring>Alltoall",
                     "Tfring>Reducescatter")
-TIME_LIMIT_SECONDS = 60
+TIME_LIMIT_SECONDS = DEFAULT_SECONDS
 
 
 def _shuffled(items, rank):
@@ -160,28 +161,6 @@ def _assert_same_names_on_every_rank(graph):
     return names
 
 
-def _within_time_limit(fn, *args):
-    """fn(*args); fails if it has not returned within the time limit (the
-    ranks did not pair up their collectives)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["result"] = fn(*args)
-        except BaseException as error:  # re-raised below
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(TIME_LIMIT_SECONDS)
-    assert not thread.is_alive(), (
-        f"still waiting after {TIME_LIMIT_SECONDS} s: the ranks did not pair "
-        "up their collectives")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
-
-
 def test_shuffled_named_collectives_in_a_function(rank, size):
     @tf.function
     def shuffled_step():
@@ -194,7 +173,7 @@ def test_shuffled_named_collectives_in_a_function(rank, size):
     assert "shuffled_step/allreduce_0" in names
     assert "shuffled_step/grouped_allreduce_1.1" in names
     for _ in range(2):
-        _check_results(_within_time_limit(shuffled_step), rank, size)
+        _check_results(within_time_limit(shuffled_step), rank, size)
 
 
 def test_shuffled_named_collectives_in_a_cond(rank, size):
@@ -209,7 +188,7 @@ def test_shuffled_named_collectives_in_a_cond(rank, size):
 
     concrete = cond_step.get_concrete_function(tf.constant(True))
     _assert_same_names_on_every_rank(concrete.graph)
-    _check_results(_within_time_limit(cond_step, tf.constant(True)), rank,
+    _check_results(within_time_limit(cond_step, tf.constant(True)), rank,
                    size)
 
 
@@ -236,7 +215,7 @@ def test_shuffled_named_collectives_in_a_while_loop(rank, size):
     _assert_same_names_on_every_rank(loop_step.get_concrete_function().graph)
     want = [iterations * sum(np.sum(e) for e in tf.nest.flatten(
         _expected(index, kind, rank, size))) for index, kind, _ in ITEMS]
-    np.testing.assert_array_equal(_within_time_limit(loop_step).numpy(),
+    np.testing.assert_array_equal(within_time_limit(loop_step).numpy(),
                                   want)
 
 
@@ -259,7 +238,7 @@ def test_gradients_of_shuffled_named_collectives(rank, size):
         gradient_step.get_concrete_function().graph)
     assert "gradient_step/allreduce_0_grad" in names
     assert "gradient_step/allgather_1_grad_rows" in names
-    grads = _within_time_limit(gradient_step)
+    grads = within_time_limit(gradient_step)
     for index, kind, name in DIFFERENTIABLE:
         c = index + 1.0
         if kind in ("allreduce", "reducescatter"):
@@ -310,7 +289,7 @@ def test_shuffled_named_collectives_in_a_compat_v1_graph(rank, size):
     assert "allreduce_0" in names and "grouped_allgather_1.0" in names
     with tf.compat.v1.Session(graph=graph) as session:
         for _ in range(2):
-            _check_results(_within_time_limit(session.run, results), rank,
+            _check_results(within_time_limit(session.run, results), rank,
                            size)
 
 
@@ -334,7 +313,7 @@ def test_copies_of_one_name_in_one_function(rank, size):
     assert names == ["copies_step/dup", "copies_step/dup@1",
                      "copies_step/dup_group.0", "copies_step/dup_group.0@1",
                      "copies_step/dup_group.1", "copies_step/dup_group.1@1"]
-    first, second, groups = _within_time_limit(copies_step)
+    first, second, groups = within_time_limit(copies_step)
     total = size * (size + 1) / 2.0
     assert first.numpy().tolist() == [total]
     assert second.numpy().tolist() == [10.0 * total]
@@ -352,7 +331,7 @@ def test_copies_of_one_name_in_a_compat_v1_graph(rank, size):
     assert _collective_names(graph.as_graph_def()) == ["dup", "dup@1",
                                                        "dup@2"]
     with tf.compat.v1.Session(graph=graph) as session:
-        got = _within_time_limit(session.run, results)
+        got = within_time_limit(session.run, results)
     total = size * (size + 1) / 2.0
     assert [g.tolist() for g in got] == [[total], [10.0 * total],
                                          [100.0 * total]]

@@ -22,7 +22,6 @@
 import contextlib
 import inspect
 import random
-import threading
 
 import numpy as np
 import pytest
@@ -33,6 +32,7 @@ from mpi4py import MPI
 import tfring
 import tfring.keras as hvd_keras
 from tfring import ops
+from time_limit import within_time_limit
 
 MODES = ["eager", "function"]
 WORLD = MPI.COMM_WORLD
@@ -582,7 +582,7 @@ def test_same_names_in_every_set_built_in_shuffled_order():
         return {(s.process_set_id, kind): build(s, k, kind)
                 for s, k, kind in order}
 
-    results = _within_time_limit(step)
+    results = within_time_limit(step)
     for s, k, kind in items:
         values = [value(r, s, k) for r in s.ranks]
         got = results[(s.process_set_id, kind)]
@@ -596,28 +596,6 @@ def test_same_names_in_every_set_built_in_shuffled_order():
         else:
             want = [values[-1]] * 2
         np.testing.assert_array_equal(got, want, err_msg=f"{s} {kind}")
-
-
-def _within_time_limit(fn, seconds=60):
-    """fn(); fails if it has not returned within `seconds` (the ranks did
-    not pair up their collectives)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["result"] = fn()
-        except BaseException as error:  # re-raised below
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), (
-        f"still waiting after {seconds} s: the ranks did not pair up their "
-        "collectives")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
 
 
 @pytest.mark.requires_ranks(2)
