@@ -241,10 +241,16 @@ Status ShmBarrier::WaitFor(const char* what, std::chrono::nanoseconds timeout, b
   if (!broken_.ok()) return broken_;
   const uint64_t target = ++steps_;
   // Sequentially consistent, so that a rank about to sleep either sees this
-  // step or is seen in `sleepers` below and woken.
-  Line(rank_).step.store(target, std::memory_order_seq_cst);
+  // arrival or is seen in `sleepers` below and woken.
   Doorbell& bell = Bell();
   bell.arrivals.fetch_add(1, std::memory_order_seq_cst);
+  // The step after the arrival, never before: while the count is short, some
+  // rank's step then says it is missing, so a rank that dies between the two
+  // stores is seen as missing and exited, not waited for as if it had come.
+#ifdef TFRING_TEST_ARRIVAL_WINDOW_US
+  usleep(TFRING_TEST_ARRIVAL_WINDOW_US);  // tests widen the window a kill may hit
+#endif
+  Line(rank_).step.store(target, std::memory_order_seq_cst);
   if (bell.sleepers.load(std::memory_order_seq_cst) > 0) {
     bell.ring.fetch_add(1, std::memory_order_seq_cst);
     WakeAll(&bell.ring);
