@@ -19,15 +19,6 @@ from tfring import _core
 from tfring import _running
 from tfring import process_sets as _process_sets
 
-# Open MPI busy-polls while a rank waits in a collective. tfring's background
-# thread waits there while TensorFlow computes, and on a machine with about
-# one core per rank the spinning takes that core from TensorFlow (measured:
-# 0.67 -> 0.83 of the no-communication ceiling for a small CNN on 2 cores,
-# no loss on the allreduce benchmark). Ask it to yield instead, unless the
-# user chose otherwise. Read by MPI_Init, so it is set at import, before
-# mpi4py starts MPI.
-os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-
 _state = {
     "atexit_registered": False,
     # Set by init(): every host runs the same number of ranks.
