@@ -81,7 +81,8 @@ def tfringrun_flags():
     for group in parser._action_groups:
         if not group._group_actions:
             continue
-        rows = [f"**{group.title}**", "", "| flag | what it does |",
+        title = group.title.replace("*", "\\*")
+        rows = [f"**{title}**", "", "| flag | what it does |",
                 "|---|---|"]
         for action in group._group_actions:
             if action.help == argparse.SUPPRESS:
