@@ -3,10 +3,11 @@
 tfring has three native artefacts (see docs/layout.md), and on Linux a
 library tfringrun preloads into mpirun:
 
-  tfring/libtfring_core.so      cc/*.cc, links MPI           RUNPATH: the MPI libdir
+  tfring/libtfring_core.so      cc/**/*.cc, links MPI           RUNPATH: the MPI libdir
   tfring/_core<EXT_SUFFIX>      tfring/_core_module.cc       RUNPATH: $ORIGIN
   tfring/ops/libtfring_ops.so   tfring/ops/kernels/*.cc      RUNPATH: $ORIGIN/..:$ORIGIN/../../tensorflow
-  tfring/libtfring_loopback_listeners.so  tfring/loopback_listeners.cc  (libc only)
+  tfring/launcher/libtfring_loopback_listeners.so  tfring/launcher/preload/loopback_listeners.cc
+                                (libc only)
 
 They are built by the `build_ext` command below with plain g++ rather than
 setuptools' Extension machinery, because setuptools compiles one file at a time,
@@ -58,7 +59,7 @@ ENV_VERBOSE = "TFRING_BUILD_VERBOSE"  # 1: print every command line
 CXXFLAGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-Wall"]
 # What tfringrun preloads (Linux): library name -> its one source file.
 PRELOADS = {
-    "libtfring_loopback_listeners.so": "tfring/loopback_listeners.cc",  # into mpirun
+    "libtfring_loopback_listeners.so": "tfring/launcher/preload/loopback_listeners.cc",  # into mpirun
 }
 CORE_SONAME = "libtfring_core.so"
 
@@ -411,7 +412,7 @@ def check_core_imports(front_end, core):
             f"{rel(front_end)} needs symbols that {CORE_SONAME} does not export, so "
             f"loading it would fail with 'undefined symbol':\n  " +
             "\n  ".join(n for n in names if n) +
-            "\nEach must be defined in cc/*.cc and declared TFRING_EXPORT in its cc/ "
+            "\nEach must be defined in the core (cc/) and declared TFRING_EXPORT in its "
             "header (the core is built with -fvisibility=hidden), or be inline in "
             "the header.")
 
@@ -476,7 +477,7 @@ class build_ext(_setuptools_build_ext):
         tf = tf_config()
         rpath_link = [f"-Wl,-rpath-link,{d}" for d in mpi_libdirs]
 
-        core_sources = sources("cc/*.cc")
+        core_sources = sources("cc/**/*.cc")
         module_source = "tfring/_core_module.cc"
         have_module = (ROOT / module_source).is_file()
         kernel_sources = sources("tfring/ops/kernels/*.cc")
@@ -566,7 +567,7 @@ class build_ext(_setuptools_build_ext):
                 cxx, "-shared", "-o", str(preload), str(job.obj), "-Wl,--no-undefined",
                 "-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
                 "-ldl", "-lpthread"])
-            outputs[preload] = dest_root / "tfring" / name
+            outputs[preload] = dest_root / "tfring" / "launcher" / name
 
         for src, dst in outputs.items():
             install_file(src, dst)
@@ -604,6 +605,6 @@ setup(
     # TensorFlow is deliberately absent: users pick tensorflow, tensorflow-cpu or
     # tensorflow[and-cuda], and tfring is built against whichever is installed.
     install_requires=["numpy", "mpi4py", "cloudpickle"],
-    entry_points={"console_scripts": ["tfringrun = tfring.runner:main"]},
+    entry_points={"console_scripts": ["tfringrun = tfring.launcher.cli:main"]},
     zip_safe=False,
 )

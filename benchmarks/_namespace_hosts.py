@@ -69,7 +69,7 @@ def run_workers(hosts, args, script, worker_args, extra_env=None, **run_kwargs):
     names = [host.name for host in hosts.hosts]
     env = dict(os.environ, **hosts.mpi_env(), **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, env.get("PYTHONPATH", "")] if p)
-    command = [sys.executable, "-m", "tfring.runner",
+    command = [sys.executable, "-m", "tfring.launcher.cli",
                "-np", str(len(names) * args.ranks_per_host),
                "-H", ",".join(f"{n}:{args.ranks_per_host}" for n in names),
                sys.executable, os.path.abspath(script), "--worker", *worker_args]

@@ -388,7 +388,7 @@ def collective_jobs(args):
     mpi_modes = [m for m in modes if m in ("mpi", "tfring")]
     if mpi_modes:
         jobs.append(("mpi", [kw.Launch(
-            [sys.executable, "-m", "tfring.runner", "-np", "2",
+            [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
              sys.executable, SCRIPT, "--worker", "mpi-collectives",
              "--modes", ",".join(mpi_modes)] + common)], mpi_modes))
     for mode in ("mwms-ring", "mwms-auto"):
@@ -482,7 +482,7 @@ def fit_worker_command(role, spec, extra=()):
 def fit_launches(mode, spec, barrier_dir):
     """The processes (kw.Launch) of one training run of `mode`."""
     if mode == "tfring":
-        return [kw.Launch([sys.executable, "-m", "tfring.runner", "-np", "2"]
+        return [kw.Launch([sys.executable, "-m", "tfring.launcher.cli", "-np", "2"]
                           + fit_worker_command("fit", spec,
                                                ["--mode", "tfring"]))]
     if mode == "ceiling":

@@ -65,7 +65,7 @@ def run_once(program, ranks, binding, timeout):
     env = dict(os.environ, TFRING_CPU_BINDING=binding, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(
         [ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
-    command = [sys.executable, "-m", "tfring.runner", "-np", str(ranks),
+    command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
                sys.executable, *PROGRAMS[program]]
     try:
         done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True,

@@ -119,7 +119,7 @@ def _worker_command(args, mode, extra=()):
 def _launches(args, mode, barrier_dir):
     """The processes (kw.Launch) of one run of `mode`."""
     if mode in TFRING_MODES:
-        command = [sys.executable, "-m", "tfring.runner", "-np", "2"]
+        command = [sys.executable, "-m", "tfring.launcher.cli", "-np", "2"]
         extra_env = {
             "tfring": {},
             "tfring-yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},

@@ -1,7 +1,7 @@
 """The autotuner's search and trial bookkeeping (TFRING_AUTOTUNE), in one process.
 
 Compiles tests/cc/autotune_test.cc with only the sources it needs
-(cc/bayesian_optimizer.cc, cc/autotuner.cc and the logging they use; no MPI)
+(cc/tuning/bayesian_optimizer.cc, cc/tuning/autotuner.cc and the logging they use; no MPI)
 under -Wall -Werror, and runs each scenario: Bayesian optimisation beats a
 grid and random search on noisy synthetic objectives, the tuner finds the
 optimum of a simulated job, fixed knobs stay fixed, warm-up and transition
@@ -18,7 +18,7 @@ from cc_test_binary import compile_binary, run_scenario, scenario_names
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "tests" / "cc" / "autotune_test.cc"
 # logging.cc reads the log level through config.cc.
-CORE_SOURCES = ["bayesian_optimizer.cc", "autotuner.cc", "logging.cc", "config.cc"]
+CORE_SOURCES = ["tuning/bayesian_optimizer.cc", "tuning/autotuner.cc", "logging.cc", "config.cc"]
 SCENARIO_TIMEOUT_S = 60
 
 

@@ -23,7 +23,7 @@ SCENARIO_TIMEOUT_S = 120
 
 @pytest.fixture(scope="session")
 def core_logic_binary(tmp_path_factory):
-    sources = [p for p in sorted((ROOT / "cc").glob("*.cc")) if p.name not in MPI_ONLY_SOURCES]
+    sources = [p for p in sorted((ROOT / "cc").rglob("*.cc")) if p.name not in MPI_ONLY_SOURCES]
     return compile_binary(tmp_path_factory.mktemp("core_logic") / "core_logic_test",
                           TEST_SOURCE, sources)
 

@@ -1,5 +1,5 @@
 # Tests of `tfringrun --check-build` and `--check-hosts`
-# (tfring/launch_checks.py, tfring/launch_probes.py).
+# (tfring/launcher/checks.py, tfring/launcher/probes.py).
 #
 # The decisions (which host differs, what a job's reports mean, which MPI a
 # version text names) are pure functions, tested on made-up inputs,
@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from tfring import launch_checks
-from tfring import launch_probes
-from tfring import runner
+from tfring.launcher import checks as launch_checks
+from tfring.launcher import probes as launch_probes
+from tfring.launcher import cli as runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = os.path.join(sys.prefix, "bin", "mpirun")
@@ -335,7 +335,7 @@ def test_check_build_with_a_broken_mpirun_names_it(tmp_path):
 # --- real runs ---------------------------------------------------------------
 
 def _tfringrun(argv, timeout=600):
-    done = subprocess.run([sys.executable, "-m", "tfring.runner"] + argv,
+    done = subprocess.run([sys.executable, "-m", "tfring.launcher.cli"] + argv,
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
     return done.returncode, done.stdout, done.stderr

@@ -212,7 +212,7 @@ def tfringrun_job(tmp_path_factory):
     """A 2-rank tfringrun job: its exit status, its output, and, read while
     it waits, each of its processes' listeners and environment."""
     release = tmp_path_factory.mktemp("exposure") / "release"
-    job = _Job([sys.executable, "-m", "tfring.runner", "--verbose",
+    job = _Job([sys.executable, "-m", "tfring.launcher.cli", "--verbose",
                 "-np", "2", sys.executable, WAITING_JOB, str(release)],
                mpi_launch.working_tree_env())
     try:

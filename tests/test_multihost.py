@@ -78,7 +78,7 @@ def _placement_arguments(hosts, placement, style):
 
 
 def _launch(hosts, placement, style, program, **kwargs):
-    argv = [sys.executable, "-m", "tfring.runner", "-np",
+    argv = [sys.executable, "-m", "tfring.launcher.cli", "-np",
             str(sum(slots for _, slots in placement))]
     argv += _placement_arguments(hosts, placement, style) + program
     return _run(hosts, argv, **kwargs)
@@ -271,7 +271,7 @@ def test_with_a_network_interface_the_job_listens_only_on_it(hosts,
     # opens still listens where it asks (0.0.0.0 here).
     release = tmp_path / "release"
     script = REPO / "tests" / "job_scripts" / "waiting_job.py"
-    argv = [sys.executable, "-m", "tfring.runner", "-np", "4",
+    argv = [sys.executable, "-m", "tfring.launcher.cli", "-np", "4",
             "-H", "hostA:2,hostB:2", "--network-interface",
             str(netns_hosts.SUBNET), sys.executable, str(script),
             str(release), "--user-server"]

@@ -1,5 +1,5 @@
-# Tests of tfringrun (tfring/runner.py, tfring/launch_command.py,
-# tfring/launch_knobs.py): the mpirun command line and the host lists are
+# Tests of tfringrun (tfring/launcher/cli.py, tfring/launcher/command.py,
+# tfring/launcher/knobs.py): the mpirun command line and the host lists are
 # read and built by pure functions, tested here without MPI; real 2-rank
 # launches check that the command it execs starts a job, that the TFRING_*
 # flags reach every rank and that --output-filename writes per-rank files.
@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from tfring import _core
-from tfring import launch_command
-from tfring import launch_knobs
-from tfring import runner
+from tfring.launcher import command as launch_command
+from tfring.launcher import knobs as launch_knobs
+from tfring.launcher import cli as runner
 
 import mpi_launch
 
@@ -464,7 +464,7 @@ def _run(argv, env, timeout=300, cwd=None):
 
 
 def test_missing_mpirun_exits_with_the_message(tmp_path):
-    rc, _, err = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
+    rc, _, err = _run([sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
                        "true"],
                       mpi_launch.working_tree_env(
                           TFRING_MPIRUN=str(tmp_path / "nope")))
@@ -477,7 +477,7 @@ def test_real_two_rank_run():
     script = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
               "print(f'rank {c.Get_rank()} of {c.Get_size()}', flush=True)")
     rc, out, err = _run(
-        [sys.executable, "-m", "tfring.runner", "--verbose", "-np", "2",
+        [sys.executable, "-m", "tfring.launcher.cli", "--verbose", "-np", "2",
          sys.executable, "-c", script],
         mpi_launch.working_tree_env(TFRING_TEST_MARK="1"))
     assert rc == 0, err
@@ -518,7 +518,7 @@ def test_one_host_ranks_keep_their_allocator_and_fork_snapshots():
     if not os.path.isfile(libm):
         pytest.skip(f"{libm} (a harmless library to preload) is not here")
     rc, out, err = _run(
-        [sys.executable, "-m", "tfring.runner", "-np", "2",
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
          sys.executable, "-c", _FORK_SNAPSHOT],
         mpi_launch.working_tree_env(LD_PRELOAD=libm))
     assert rc == 0, err
@@ -527,7 +527,7 @@ def test_one_host_ranks_keep_their_allocator_and_fork_snapshots():
 
 
 def test_exit_status_passes_through():
-    rc, _, _ = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
+    rc, _, _ = _run([sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
                      sys.executable, "-c", "raise SystemExit(3)"],
                     mpi_launch.working_tree_env())
     assert rc == 3
@@ -542,7 +542,7 @@ _PRINT_RANK_ENV = (
 
 def test_flags_reach_every_rank(tmp_path):
     rc, out, err = _run(
-        [sys.executable, "-m", "tfring.runner", "-np", "2",
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
          "--timeline-filename", "t.json", "--fusion-threshold-mb", "1",
          sys.executable, "-c", _PRINT_RANK_ENV],
         mpi_launch.working_tree_env(TFRING_CYCLE_TIME="7"), cwd=tmp_path)
@@ -557,7 +557,7 @@ def test_output_filename_writes_each_ranks_output_to_files(tmp_path):
               "print('out of', r); print('err of', r, file=sys.stderr)")
     logs = tmp_path / "logs" / "run1"
     rc, out, err = _run(
-        [sys.executable, "-m", "tfring.runner", "-np", "2",
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
          "--output-filename", str(logs), sys.executable, "-c", script],
         mpi_launch.working_tree_env())
     assert rc == 0, err
@@ -575,7 +575,7 @@ def test_output_filename_writes_each_ranks_output_to_files(tmp_path):
 def test_output_filename_that_cannot_be_a_directory_is_an_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    rc, _, err = _run([sys.executable, "-m", "tfring.runner", "-np", "2",
+    rc, _, err = _run([sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
                        "--output-filename", str(blocker / "logs"), "true"],
                       mpi_launch.working_tree_env())
     assert rc == 1

@@ -1,4 +1,4 @@
-"""The shared-memory engine (cc/shm_collectives.cc, cc/shm_barrier.cc, cc/shm_segment.cc).
+"""The shared-memory engine (cc/shm/shm_collectives.cc, cc/shm/shm_barrier.cc, cc/shm/shm_segment.cc).
 
 Compiles tests/cc/shm_collectives_test.cc with only the core files it needs
 (no MPI) and runs each scenario, ranks as processes: allreduce of every op
@@ -22,8 +22,8 @@ from cc_test_binary import compile_binary, run_scenario, scenario_names
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "tests" / "cc" / "shm_collectives_test.cc"
 # logging.cc needs config.cc, and both need common.cc.
-CORE_SOURCES = ["shm_segment.cc", "shm_barrier.cc", "shm_collectives.cc", "reduce_kernels.cc",
-                "logging.cc", "config.cc", "common.cc"]
+CORE_SOURCES = ["shm/shm_segment.cc", "shm/shm_barrier.cc", "shm/shm_collectives.cc",
+                "reduce_kernels.cc", "logging.cc", "config.cc", "common.cc"]
 # A scenario's processes are killed after 30-60 s by the test itself; this
 # only catches the test binary hanging.
 SCENARIO_TIMEOUT_S = 120

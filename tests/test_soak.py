@@ -1,4 +1,4 @@
-# Runs a short benchmarks/soak.py at 3 ranks, as CI does, so that a change
+# Runs a short benchmarks/soak at 3 ranks, as CI does, so that a change
 # that breaks a result, leaks, or hangs under mixed concurrent collectives
 # shows up here; and a second run with the soak's hidden self-tests (a wrong
 # reference value, and a memory, thread and fd leak planted after the
@@ -16,7 +16,7 @@ import sys
 import mpi_launch
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "soak.py"
+SCRIPT = REPO / "benchmarks" / "soak"
 RANKS = 3
 # About 20 s on 2 idle cores (15 s of it TensorFlow starting); generous for
 # a busy machine. --step-timeout aborts a hung job well before this.

@@ -4,8 +4,7 @@ The timelines are built here, event by event as docs/timeline.md specifies,
 with round numbers, so every number of the summary can be checked exactly.
 The tool is loaded from its file with TensorFlow and the tfring package
 blocked: it must work on a laptop copy of a timeline, and this keeps the file
-fast. Only two tests run the real `python -m tfring.timeline` (which imports
-TensorFlow through tfring/__init__.py).
+fast. Only two tests run the real `python -m tfring.timeline`.
 """
 
 import importlib.util

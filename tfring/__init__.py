@@ -3,76 +3,61 @@
 # `import tfring as hvd`. This file only re-exports; each concern lives in its
 # own module (basics, process_sets, collectives, compression, functions,
 # sync_batch_norm, tape, ops, mpi_ops).
+#
+# Why the API loads on first use: the tools in this package (`tfringrun`,
+# `python -m tfring.timeline`) never need TensorFlow, but Python runs this
+# file before any of them. So `import tfring` binds only the names below;
+# the first one used (`hvd.init`, `from tfring import allreduce`) imports the
+# module that defines it, and with it TensorFlow and the version check
+# (tfring/_version_check.py), whose ImportError then names both versions.
+
+import importlib
 
 from tfring._version import __version__
-from tfring.basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    data_path,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shm_enabled,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from tfring.alltoall_reducescatter import (
-    alltoall,
-    grouped_allgather,
-    grouped_reducescatter,
-    reducescatter,
-)
-from tfring.collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allreduce,
-    broadcast,
-    grouped_allreduce,
-)
-from tfring.compression import Compression
-from tfring.join import join
-# Horovod's module of that name, for its internal `_basics` (see there).
-from tfring import mpi_ops
-from tfring.sync_batch_norm import SyncBatchNormalization
-from tfring.functions import (
-    allgather_object,
-    broadcast_,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_variables,
-)
-from tfring.ops import (
-    local_rank_op,
-    local_size_op,
-    process_set_included_op,
-    rank_op,
-    size_op,
-)
-from tfring.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from tfring.tape import DistributedGradientTape, PartialDistributedGradientTape
-from tfring.keras.optimizer import DistributedOptimizer
+
+# Public name -> the module that defines it.
+_API = {}
+for _module, _names in {
+    "basics": ["ccl_built", "cross_rank", "cross_size", "cuda_built", "data_path", "ddl_built",
+               "gloo_built", "gloo_enabled", "init", "is_homogeneous", "is_initialized",
+               "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+               "nccl_built", "rank", "rocm_built", "shm_enabled", "shutdown", "size",
+               "start_timeline", "stop_timeline"],
+    "alltoall_reducescatter": ["alltoall", "grouped_allgather", "grouped_reducescatter",
+                               "reducescatter"],
+    "collectives": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather",
+                    "allreduce", "broadcast", "grouped_allreduce"],
+    "compression": ["Compression"],
+    "join": ["join"],
+    "sync_batch_norm": ["SyncBatchNormalization"],
+    "functions": ["allgather_object", "broadcast_", "broadcast_global_variables",
+                  "broadcast_object", "broadcast_variables"],
+    "ops": ["local_rank_op", "local_size_op", "process_set_included_op", "rank_op", "size_op"],
+    "process_sets": ["ProcessSet", "add_process_set", "global_process_set",
+                     "remove_process_set"],
+    "tape": ["DistributedGradientTape", "PartialDistributedGradientTape"],
+    "keras.optimizer": ["DistributedOptimizer"],
+}.items():
+    _API.update((name, _module) for name in _names)
+del _module, _names
+
+# Submodules that `import tfring` made attributes before the API loaded
+# lazily; mpi_ops is Horovod's module of that name (its internal `_basics`).
+_SUBMODULES = {"keras", "mpi_ops", "ops"}
+
+__all__ = ["__version__", *sorted(_API)]
+
+
+def __getattr__(name):
+    if name in _API:
+        value = getattr(importlib.import_module(f"tfring.{_API[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"tfring.{name}")
+    else:
+        raise AttributeError(f"module 'tfring' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API) | _SUBMODULES)

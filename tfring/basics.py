@@ -16,7 +16,8 @@ import os
 import sys
 
 from tfring import _core
-from tfring import errors
+from tfring import _running
+from tfring import process_sets as _process_sets
 
 # Open MPI busy-polls while a rank waits in a collective. tfring's background
 # thread waits there while TensorFlow computes, and on a machine with about
@@ -29,9 +30,6 @@ os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 _state = {
     "atexit_registered": False,
-    # True after shutdown(), so later calls can say "shut down" rather
-    # than "not initialized".
-    "shut_down": False,
     # Set by init(): every host runs the same number of ranks.
     "homogeneous": True,
 }
@@ -135,8 +133,6 @@ def init(comm=None, process_sets=None):
     # Importing mpi4py.MPI initialises MPI, unless mpi4py.rc.initialize is
     # False.
     from mpi4py import MPI
-    # Imported here: process_sets imports this module.
-    from tfring import process_sets as _process_sets
 
     _initialize_mpi(MPI)
 
@@ -177,7 +173,7 @@ def init(comm=None, process_sets=None):
         if owned is not None:
             owned.Free()  # The core holds its own duplicate.
     finish()
-    _state["shut_down"] = False
+    _running.set_shut_down(False)
     if not _state["atexit_registered"]:
         # Registered after mpi4py's own exit hook (imported above), so it runs
         # first: the background thread stops before MPI is finalised.
@@ -192,12 +188,11 @@ def shutdown():
     """
     if not _core.is_initialized():
         return
-    from tfring import process_sets as _process_sets
     try:
         _core.shutdown()
     finally:
         _process_sets.on_shutdown()
-    _state["shut_down"] = True
+    _running.set_shut_down(True)
 
 
 def _shutdown_at_exit():
@@ -212,9 +207,7 @@ def is_initialized():
     return bool(_core.is_initialized())
 
 
-def _check_initialized(api_name):
-    if not _core.is_initialized():
-        raise errors.not_initialized(api_name, _state["shut_down"])
+_check_initialized = _running.check_initialized
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -19,7 +19,7 @@ import numbers
 import tensorflow as tf
 
 from tfring import _core
-from tfring import basics
+from tfring import _running
 
 _state = {
     # id -> tuple of sorted job ranks, as the core reported them last.
@@ -84,7 +84,7 @@ class ProcessSet:
         if self.process_set_id is None:
             return None
         ranks = _registered_ranks(self, "ProcessSet.rank()")
-        me = basics.rank()
+        me = _running.rank()
         if me not in ranks:
             raise ValueError(
                 f"ProcessSet.rank() was called on rank {me}, which is not in "
@@ -97,7 +97,7 @@ class ProcessSet:
         known (a set built from a communicator, before registration)."""
         if self.ranks is None:
             return None
-        return basics.rank() in self.ranks
+        return _running.rank() in self.ranks
 
     def _invalidate(self):
         self.process_set_id = None
@@ -176,7 +176,7 @@ def _not_registered_error(process_set, api_name):
 def _registered_ranks(process_set, api_name):
     """The set's job ranks as the core knows them; ValueError if it is not
     registered in the running job."""
-    basics._check_initialized(api_name)
+    _running.check_initialized(api_name)
     ranks = _state["table"].get(process_set.process_set_id)
     if (ranks is None or (process_set.process_set_id != 0
                           and process_set.ranks is not None
@@ -233,7 +233,7 @@ def resolve(process_set, api_name, allow_outside=False):
             "default). Pass one of those.")
     ranks = tuple(_registered_ranks(process_set, api_name))
     if process_set.process_set_id != 0:
-        me = basics.rank()
+        me = _running.rank()
         if me not in ranks and allow_outside:
             return Membership(process_set, process_set.process_set_id, ranks,
                               included=False)
@@ -479,7 +479,7 @@ def add_process_set(process_set):
         Horovod; build it from a list of ranks).
     """
     api_name = "tfring.add_process_set()"
-    basics._check_initialized(api_name)
+    _running.check_initialized(api_name)
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.ranks is None:
@@ -490,7 +490,7 @@ def add_process_set(process_set):
             "different ranks. Build it from a list of job ranks instead, "
             "e.g. tfring.add_process_set([0, 1]).")
     _check_dynamic(api_name, "added")
-    ranks = _checked_ranks(process_set.ranks, api_name, basics.size())
+    ranks = _checked_ranks(process_set.ranks, api_name, _running.size())
     if not ranks:
         raise ValueError(
             f"{api_name} received an empty set of ranks. Expected at least "
@@ -524,7 +524,7 @@ def remove_process_set(process_set):
             f"{api_name} received {process_set!r} of type "
             f"{type(process_set).__name__}. Expected the tfring.ProcessSet "
             "that add_process_set() or init() registered. Pass that object.")
-    basics._check_initialized(api_name)
+    _running.check_initialized(api_name)
     ps_id = process_set.process_set_id
     if ps_id is None or ps_id == 0:
         return False

@@ -38,9 +38,9 @@ def _cell(text):
 
 def _knob_flags():
     """{TFRING_* variable: ['`--flag ARG`', ...]} from the launcher's table."""
-    from tfring import launch_knobs
+    from tfring.launcher import knobs
     flags = {}
-    for knob in launch_knobs.KNOB_FLAGS:
+    for knob in knobs.KNOB_FLAGS:
         if knob.kind is None:
             shown = f"`{knob.flags[0]}` (= {knob.const})"
         else:
@@ -69,8 +69,8 @@ def environment_variables():
 
 def _launcher_parser():
     _import_tfring()
-    from tfring import runner
-    return runner._parser()
+    from tfring.launcher import cli
+    return cli._parser()
 
 
 def tfringrun_flags():

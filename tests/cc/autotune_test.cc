@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "cc/autotuner.h"
-#include "cc/bayesian_optimizer.h"
+#include "cc/tuning/autotuner.h"
+#include "cc/tuning/bayesian_optimizer.h"
 #include "tests/cc/expect.h"
 
 namespace tfring {

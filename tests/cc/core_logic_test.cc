@@ -25,10 +25,10 @@
 
 #include <unistd.h>
 
-#include "cc/cpu_binding.h"
-#include "cc/fusion_planner.h"
-#include "cc/hierarchical_transport.h"
-#include "cc/loopback_transport.h"
+#include "cc/job/cpu_binding.h"
+#include "cc/execution/fusion_planner.h"
+#include "cc/transport/hierarchical_transport.h"
+#include "cc/transport/loopback_transport.h"
 #include "cc/reduce_kernels.h"
 #include "tests/cc/loopback_harness.h"
 

@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "cc/background_loop.h"
+#include "cc/execution/background_loop.h"
 #include "cc/config.h"
-#include "cc/job_config.h"
-#include "cc/loopback_transport.h"
-#include "cc/tensor_queue.h"
+#include "cc/job/job_config.h"
+#include "cc/transport/loopback_transport.h"
+#include "cc/negotiation/tensor_queue.h"
 #include "tests/cc/expect.h"
 
 namespace tfring {

@@ -1,5 +1,5 @@
-// Tests of the shared-memory engine: the collectives (cc/shm_collectives.h),
-// their barrier (cc/shm_barrier.h) and the segment (cc/shm_segment.h).
+// Tests of the shared-memory engine: the collectives (cc/shm/shm_collectives.h),
+// their barrier (cc/shm/shm_barrier.h) and the segment (cc/shm/shm_segment.h).
 //
 // How: every rank is a real process. The parent creates the segment and
 // forks the ranks; each Open()s the segment by name (so each maps it at an
@@ -45,9 +45,9 @@
 #include <vector>
 
 #include "cc/reduce_kernels.h"
-#include "cc/shm_barrier.h"
-#include "cc/shm_collectives.h"
-#include "cc/shm_segment.h"
+#include "cc/shm/shm_barrier.h"
+#include "cc/shm/shm_collectives.h"
+#include "cc/shm/shm_segment.h"
 #include "tests/cc/expect.h"
 
 namespace tfring {

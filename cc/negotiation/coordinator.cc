@@ -1,0 +1,144 @@
+#include "cc/negotiation/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+#include "cc/logging.h"
+#include "cc/negotiation/response_builder.h"
+
+namespace tfring {
+namespace {
+
+constexpr size_t kNamesPerRankInStallReport = 5;
+
+double SecondsBetween(Coordinator::Clock::time_point from, Coordinator::Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+Coordinator::Coordinator(std::vector<int> world_ranks, const Config& config)
+    : world_ranks_(std::move(world_ranks)),
+      world_size_(static_cast<int>(world_ranks_.size())),
+      config_(config),
+      joined_(world_size_, false) {}
+
+void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point now) {
+  for (const Request& request : requests) {
+    // Requests carry job ranks; the table is indexed by position in the set.
+    const auto position = std::find(world_ranks_.begin(), world_ranks_.end(), request.rank);
+    TFRING_CHECK(position != world_ranks_.end(), "request from unknown rank " << request.rank);
+    const int index = static_cast<int>(position - world_ranks_.begin());
+    auto inserted = table_.try_emplace(request.name);
+    Entry& entry = inserted.first->second;
+    if (inserted.second) {
+      entry.by_rank.resize(world_size_);
+      entry.submitted.assign(world_size_, false);
+      entry.first_seen = now;
+      entry.last_warned = now;
+    }
+    TFRING_CHECK(!entry.submitted[index],
+                 "rank " << request.rank << " submitted '" << request.name << "' twice");
+    entry.submitted[index] = true;
+    entry.by_rank[index] = request;
+    ++entry.count;
+    if (request.type == CollectiveType::kJoin) {
+      joined_[index] = true;
+      last_joined_rank_ = request.rank;
+      // A rank joining may complete tensors the others were waiting for.
+      for (auto it = table_.begin(); it != table_.end();) {
+        it = ReleaseIfReady(it);
+      }
+    } else {
+      ReleaseIfReady(inserted.first);
+    }
+  }
+}
+
+std::map<std::string, Coordinator::Entry>::iterator Coordinator::ReleaseIfReady(
+    std::map<std::string, Entry>::iterator it) {
+  Entry& entry = it->second;
+  const bool is_join = entry.by_rank[FirstSubmitted(entry)].type == CollectiveType::kJoin;
+  std::vector<Request> submitted;
+  std::vector<int> joined;
+  for (int index = 0; index < world_size_; ++index) {
+    if (entry.submitted[index]) {
+      submitted.push_back(entry.by_rank[index]);
+    } else if (joined_[index] && !is_join) {
+      joined.push_back(world_ranks_[index]);
+    } else {
+      return std::next(it);  // still waiting for this rank
+    }
+  }
+  if (is_join) {
+    // Every rank has joined: all learn the last one, and the job goes on.
+    Response response = BuildResponse(submitted);
+    response.request.root_rank = last_joined_rank_;
+    ready_.push_back(std::move(response));
+    joined_.assign(world_size_, false);
+    last_joined_rank_ = -1;
+  } else {
+    ready_.push_back(BuildResponse(submitted, joined));
+  }
+  return table_.erase(it);
+}
+
+int Coordinator::FirstSubmitted(const Entry& entry) const {
+  for (int index = 0; index < world_size_; ++index) {
+    if (entry.submitted[index]) return index;
+  }
+  return 0;
+}
+
+ResponseList Coordinator::TakeReady() {
+  ResponseList ready;
+  ready.swap(ready_);
+  return ready;
+}
+
+std::string Coordinator::InspectStalls(Clock::time_point now) {
+  const double warn_after = config_.stall_check_time_s;
+  const double shutdown_after = config_.stall_shutdown_time_s;
+  if (warn_after <= 0 && shutdown_after <= 0) return "";
+
+  std::map<int, std::vector<std::string>> missing_by_rank;
+  std::string shutdown_reason;
+  bool any_to_warn = false;
+  for (auto& [name, entry] : table_) {
+    const double waited = SecondsBetween(entry.first_seen, now);
+    if (shutdown_after > 0 && waited > shutdown_after && shutdown_reason.empty()) {
+      std::ostringstream reason;
+      reason << "tensor '" << name << "' waited " << static_cast<int>(waited)
+             << " s for other ranks, longer than TFRING_STALL_SHUTDOWN_TIME_SECONDS="
+             << shutdown_after;
+      shutdown_reason = reason.str();
+    }
+    if (warn_after <= 0 || SecondsBetween(entry.last_warned, now) < warn_after) continue;
+    entry.last_warned = now;
+    any_to_warn = true;
+    for (int index = 0; index < world_size_; ++index) {
+      if (!entry.submitted[index]) missing_by_rank[world_ranks_[index]].push_back(name);
+    }
+  }
+  if (any_to_warn) {
+    std::ostringstream report;
+    report << "Some ranks have not submitted tensors that other ranks submitted more than "
+           << warn_after << " s ago. This usually means the ranks run different code paths, "
+           << "or one rank is much slower or stuck. Missing:";
+    for (const auto& [rank, names] : missing_by_rank) {
+      report << " rank " << rank << ": ";
+      for (size_t i = 0; i < names.size() && i < kNamesPerRankInStallReport; ++i) {
+        report << (i > 0 ? ", " : "") << "'" << names[i] << "'";
+      }
+      if (names.size() > kNamesPerRankInStallReport) {
+        report << " and " << names.size() - kNamesPerRankInStallReport << " more";
+      }
+      report << ";";
+    }
+    TFRING_LOG(kWarning, report.str());
+  }
+  return shutdown_reason;
+}
+
+}  // namespace tfring

