@@ -680,6 +680,52 @@ def format_table(rows, gradient_set, note_numbers):
     return lines
 
 
+def markdown_report(report):
+    """A saved report (--json) as Markdown: what ran where, the table of
+    times and ratios, and its footnotes (for the documentation site)."""
+    rows = report["rows"]
+    note_numbers, _ = note_texts(ordered(rows), report.get("pss_fit_error"))
+    machine, versions = report["machine"], report["versions"]
+    lines = [
+        f"Measured {report['date']} on {machine['cpu']}, {machine['cores']} "
+        f"cores, {machine['memory_gib']} GiB, {machine['os']}; TensorFlow "
+        f"{versions.get('tensorflow')}, Keras {versions.get('keras')}, "
+        f"{report.get('mpi_library') or 'MPI'}, mpi4py "
+        f"{versions.get('mpi4py')}, Python {versions['python']} "
+        f"(`{report['command']}`, {report['seconds']:.0f} s). Time: "
+        f"collectives, the median of one reduction (the slower process's); "
+        f"fit, one training step. \"x tfring\": the time over tfring's, "
+        f"above 1 is slower than tfring.",
+        "",
+        "| workload | mode | time (ms) | img/s | x tfring |",
+        "|---|---|---:|---:|---:|"]
+    previous = None
+    for row in ordered(rows):
+        label = (case_label(row["case"], report.get("gradient_set"))
+                 if row["case"] != previous else "")
+        previous = row["case"]
+        names = FIT_MODE_NAMES if row["kind"] == "fit" else MODE_NAMES
+        mode = names[row["mode"]]
+        if row["mode"] == "tfring":
+            mode = f"**{mode}**"
+        mode += "".join(f" [{note_numbers[k]}]" for k in row["notes"])
+        if row["failure"]:
+            lines.append(f"| {label} | {mode} | failed | | |")
+            continue
+        time_ms = row["seconds"] * 1e3
+        rate = (f"{row['img_per_sec']:.1f}" if row.get("img_per_sec")
+                else "")
+        ratio = (f"{row['ratio_to_tfring']:.2f}"
+                 if row["ratio_to_tfring"] is not None else "")
+        lines.append(f"| {label} | {mode} | {time_ms:.4g} | {rate} | "
+                     f"{ratio} |")
+    lines.append("")
+    for number, text in enumerate(report.get("footnotes", []), 1):
+        lines.append(f"[{number}] {text}")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def busy_before(report):
     """Whether other work ran on the machine as the run started."""
     return report["load_before"] > 0.5 * report["machine"]["cores"]
@@ -854,6 +900,9 @@ def parse_args(argv=None):
                         help="write every number (and every sample) here")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="draw the ratios to tfring (needs matplotlib)")
+    parser.add_argument("--markdown", metavar="REPORT.json",
+                        help="print a report saved with --json as a Markdown "
+                             "table and exit (runs nothing)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions of tensors up to 4 MiB "
                              "(default 100; --quick 10)")
@@ -931,6 +980,10 @@ def _stop_on_signal(signum, frame):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown_report(json.load(f)))
+        return 0
     if args.worker is not None:
         run_worker(args)
         return 0

@@ -370,17 +370,6 @@ def test_every_knob_of_the_core_has_a_flag():
     assert declared == with_flags
 
 
-def test_every_flag_is_in_the_readme():
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    section = readme[readme.index("### tfringrun"):]
-    flags = {option for action in runner._parser()._actions
-             for option in action.option_strings if option != "-h"
-             and option != "--help"}
-    assert flags > {"--check-build", "--network-interface", "--autotune"}
-    assert sorted(flag for flag in flags if f"`{flag}" not in section) == []
-
-
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cmd = command(["-np", "2", "--timeline-filename", "t.json",

@@ -6,7 +6,7 @@
 #
 # A 60-step run is mostly first-time costs (tf.function traces, TensorFlow
 # kernels for new tensor names), so its memory baseline is taken after 40
-# steps; the full 2,000-step run's warm-up is 500 (README, "Soak").
+# steps; the full 2,000-step run's warm-up is 500 (docs/benchmarks.md, "Soak").
 
 import json
 import pathlib

@@ -181,10 +181,11 @@ PYBIND11_MODULE(_core, m) {
           item["value"] = entry.value;
           item["default"] = entry.default_value;
           item["doc"] = entry.doc;
+          item["scope"] = entry.scope == tfring::KnobScope::kJob ? "job" : "process";
           entries.append(item);
         }
         return entries;
       },
-      "The effective TFRING_* configuration: env, value, default, doc for each knob (while "
+      "The effective TFRING_* configuration: env, value, default, doc, scope for each knob (while "
       "initialized, the job-wide knobs hold rank 0's values).");
 }

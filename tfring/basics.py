@@ -309,24 +309,36 @@ def is_homogeneous():
 
 
 def gloo_built():
+    """Whether tfring was built with Gloo: always False (Horovod compatibility; tfring runs
+    over MPI and shared memory)."""
     return False
 
 
 def gloo_enabled():
+    """Whether Gloo is in use: always False (Horovod compatibility; tfring runs
+    over MPI and shared memory)."""
     return False
 
 
 def ddl_built():
+    """Whether tfring was built with IBM DDL: always False (Horovod compatibility; tfring runs
+    over MPI and shared memory)."""
     return False
 
 
 def ccl_built():
+    """Whether tfring was built with oneCCL: always False (Horovod compatibility; tfring runs
+    over MPI and shared memory)."""
     return False
 
 
 def cuda_built():
+    """Whether tfring was built with CUDA support: always False (Horovod compatibility; tfring runs
+    over MPI and shared memory)."""
     return False
 
 
 def rocm_built():
+    """Whether tfring was built with ROCm support: always False (Horovod compatibility; tfring runs
+    over MPI and shared memory)."""
     return False

@@ -30,11 +30,17 @@ from tfring.process_sets import global_process_set
 # Python) and equal horovod.tensorflow's; like Horovod's they are plain ints,
 # so scripts may compare, hash or serialise them as such.
 Average = int(_core.ReduceOp.Average)
+"""Reduction op: the sum divided by the number of ranks (the default)."""
 Sum = int(_core.ReduceOp.Sum)
+"""Reduction op: the sum over the ranks."""
 Adasum = int(_core.ReduceOp.Adasum)
+"""Horovod's Adasum reduction op; not implemented: collectives given it raise UnsupportedOperationError."""
 Min = int(_core.ReduceOp.Min)
+"""Reduction op: the elementwise minimum over the ranks."""
 Max = int(_core.ReduceOp.Max)
+"""Reduction op: the elementwise maximum over the ranks."""
 Product = int(_core.ReduceOp.Product)
+"""Reduction op: the elementwise product over the ranks."""
 
 # The public functions are plain graph builders without tensor-dependent
 # Python control flow, so AutoGraph need not convert them when they are
@@ -284,16 +290,20 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
       tensor: a tf.Tensor, tf.Variable, array-like, or tf.IndexedSlices. Its
         shape and dtype must be the same on every rank.
       average: deprecated; use `op`.
-      device_dense, device_sparse: devices for the dense and the
-        IndexedSlices paths ('' leaves placement to TensorFlow).
+      device_dense: device for the dense path ('' leaves placement to
+        TensorFlow).
+      device_sparse: device for the IndexedSlices path ('' leaves
+        placement to TensorFlow).
       compression: Compression.none or Compression.fp16 (dense tensors only).
       op: Average (default), Sum, Min, Max or Product. Average is a sum
         scaled by 1/size() (1/process_set.size() in a set); for integer
         dtypes the core rounds the scaled result toward zero.
-      prescale_factor, postscale_factor: multiply the input before and the
-        result after the reduction (in the core, in the tensor's dtype).
-      name: the key that matches this tensor across ranks (optional; see the
-        README on names).
+      prescale_factor: multiplies the input before the reduction (in the
+        core, in the tensor's dtype).
+      postscale_factor: multiplies the result after the reduction (in the
+        core, in the tensor's dtype).
+      name: the key that matches this tensor across ranks (optional; see
+        "Names" in the collectives guide).
       process_set: the tfring.ProcessSet to reduce over (default: every
         rank). Only its ranks may call this; it raises
         tf.errors.InvalidArgumentError on the others.

@@ -153,6 +153,7 @@ def _checked_ranks(ranks, api_name, size=None):
 # Every collective's default: all ranks of the job. Its ranks are filled in
 # by init().
 global_process_set = ProcessSet([])
+"""The process set of every rank of the job (id 0): every collective's default."""
 global_process_set.process_set_id = 0
 
 

@@ -64,9 +64,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     collective, exactly like keras.layers.BatchNormalization.
 
     Args:
-      *args, **kwargs: those of keras.layers.BatchNormalization (axis,
-        momentum, epsilon, center, scale, initializers, renorm, ...,
-        name, dtype).
+      *args: those of keras.layers.BatchNormalization (axis, momentum,
+        epsilon, ...).
+      **kwargs: those of keras.layers.BatchNormalization (center, scale,
+        initializers, renorm, ..., name, dtype).
       fused: accepted for Horovod compatibility; must be False (the
         default), as in Horovod (Keras 3 has no fused kernel).
       process_set: tfring extension: the tfring.ProcessSet whose ranks

@@ -146,7 +146,9 @@ class DistributedGradientTape:
 
     Args:
       gradtape: the tf.GradientTape to wrap.
-      device_dense, device_sparse, compression: as for tfring.allreduce().
+      device_dense: as for tfring.allreduce().
+      device_sparse: as for tfring.allreduce().
+      compression: as for tfring.allreduce().
       sparse_as_dense: convert IndexedSlices gradients to dense tensors
         before reducing (better for embedding gradients that touch most
         rows).

@@ -3,7 +3,7 @@ every rank's input, and the comparison of tfring's result with it.
 
 Why its own file: the reference is the soak's judge, so it shares nothing
 with the code under test. It follows tfring's documented semantics
-(README, "API"):
+(docs/collectives.md):
 
 * allreduce / reducescatter: each rank's input is multiplied by the
   prescale factor, reduced (Sum, Min, Max, Product; Average is Sum), then

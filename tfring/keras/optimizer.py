@@ -159,7 +159,8 @@ class DistributedOptimizer(_Optimizer):
       groups: None (one reduce call per step), an int (split the gradients
         into that many calls) or a list of lists of variables (one call per
         list; variables in no list are reduced alone).
-      device_dense, device_sparse: devices for the reductions.
+      device_dense: device for the dense reductions.
+      device_sparse: device for the IndexedSlices reductions.
       num_groups: deprecated; use groups.
       process_set: the tfring.ProcessSet whose ranks average their gradients
         together (default: every rank); Average divides by its size. A rank

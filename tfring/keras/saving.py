@@ -31,8 +31,9 @@ def load_model(filepath, custom_objects=None, compression=Compression.none,
       custom_optimizers: horovod.keras compatibility: a list of your own
         optimizer classes, added to custom_objects under their class names
         (every optimizer is wrapped, listed or not).
-      compile, safe_mode: as for keras.models.load_model. With
-        compile=False the model has no optimizer to wrap.
+      compile: as for keras.models.load_model. With compile=False the
+        model has no optimizer to wrap.
+      safe_mode: as for keras.models.load_model.
 
     Returns:
       The keras Model.
