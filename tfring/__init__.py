@@ -76,3 +76,12 @@ from tfring.process_sets import (
 )
 from tfring.tape import DistributedGradientTape, PartialDistributedGradientTape
 from tfring.keras.optimizer import DistributedOptimizer
+from tfring import unsupported as _unsupported
+
+_unsupported.install_import_hook()
+
+
+def __getattr__(name):
+    # Only for names tfring lacks: Horovod features it does not provide get
+    # an error naming the replacement (tfring/unsupported.py).
+    raise _unsupported.attribute_error(__name__, name)
