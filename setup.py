@@ -605,6 +605,8 @@ setup(
     # TensorFlow is deliberately absent: users pick tensorflow, tensorflow-cpu or
     # tensorflow[and-cuda], and tfring is built against whichever is installed.
     install_requires=["numpy", "mpi4py", "cloudpickle"],
+    # python -m tfring.migrate (the porting tool) rewrites scripts with libcst.
+    extras_require={"migrate": ["libcst"]},
     entry_points={"console_scripts": ["tfringrun = tfring.launcher.cli:main"]},
     zip_safe=False,
 )

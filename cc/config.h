@@ -75,9 +75,10 @@ constexpr int64_t kHierarchicalAuto = 2;
   X(double, stall_check_time_s, "TFRING_STALL_CHECK_TIME_SECONDS", 60.0, kJob,        \
     "Seconds a tensor may wait for other ranks before rank 0 warns which "     \
     "ranks are missing it. 0 disables the warning.")                           \
-  X(double, stall_shutdown_time_s, "TFRING_STALL_SHUTDOWN_TIME_SECONDS", 0.0, kJob,   \
-    "Seconds a tensor may wait before the job is shut down with an error. "    \
-    "0 (default) never shuts down.")                                           \
+  X(double, stall_shutdown_time_s, "TFRING_STALL_SHUTDOWN_TIME_SECONDS", 1800.0, kJob, \
+    "Seconds a tensor may wait for other ranks before every rank's pending "   \
+    "collectives fail with an error naming what each rank waits on (default "  \
+    "30 minutes). 0 waits forever.")                                           \
   X(int64_t, log_level, "TFRING_LOG_LEVEL", 3, kProcess,                                  \
     "0 trace, 1 debug, 2 info, 3 warning, 4 error (names also accepted).")                  \
   X(std::string, timeline, "TFRING_TIMELINE", "", kProcess,                                \

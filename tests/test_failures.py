@@ -116,7 +116,28 @@ def test_survivors_exit_ends_the_job_while_the_held_rank_sleeps(ranks, tmp_path)
 def test_stall_warning_names_missing_rank_then_completes():
     result = _run("stall", 3, {"TFRING_STALL_CHECK_TIME_SECONDS": "1"})
     assert result.returncode == 0 and not result.timed_out, result.describe()
-    assert re.search(r"rank 2: 'late_tensor'", result.output), result.describe()
-    assert "Missing:" in result.output, result.describe()
+    # Rank under rank, what each waits on: the late rank nothing yet.
+    assert re.search(r"rank 0 waits on: 'late_tensor'\n  rank 1 waits on: 'late_tensor'\n"
+                     r"  rank 2 waits on: nothing", result.output), result.describe()
     for rank in range(3):
         assert f"rank {rank} STALL_DONE 6.0" in result.output, result.describe()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_stall_past_the_limit_fails_every_rank_naming_what_each_waits_on(ranks):
+    result = _run("stall_limit", ranks, {"TFRING_STALL_CHECK_TIME_SECONDS": "1",
+                                         "TFRING_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    assert "UNEXPECTED_SUCCESS" not in result.output, result.describe()
+    side_by_side = " | ".join(f"  rank {r} waits on: 'only_on_rank_{r}'" for r in range(ranks))
+    for rank in range(ranks):
+        match = re.search(rf"rank {rank} STALL_ERROR (.*)", result.output)
+        assert match, result.describe()
+        message = match.group(1)
+        assert "the job stalled: collective 'only_on_rank_" in message, message
+        assert "TFRING_STALL_SHUTDOWN_TIME_SECONDS=2" in message, message
+        assert side_by_side in message, message
+        for cause in ("different numbers of batches", "steps_per_epoch", "tfring.join()",
+                      "rank-dependent condition", "different models"):
+            assert cause in message, (cause, message)
+        assert "init()" not in message, message

@@ -15,6 +15,9 @@ import importlib
 import os
 
 from tfring._version import __version__
+from tfring import unsupported as _unsupported
+
+_unsupported.install_import_hook()  # import tfring.elastic: an error naming the replacement
 
 # Open MPI busy-polls while a rank waits in a collective. tfring's background
 # thread waits there while TensorFlow computes, and on a machine with about
@@ -64,7 +67,9 @@ def __getattr__(name):
     elif name in _SUBMODULES:
         value = importlib.import_module(f"tfring.{name}")
     else:
-        raise AttributeError(f"module 'tfring' has no attribute {name!r}")
+        # Horovod features tfring does not provide get an error naming the
+        # replacement (tfring/unsupported.py); other names the usual one.
+        raise _unsupported.attribute_error(__name__, name)
     globals()[name] = value
     return value
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfring import basics
 from tfring import collectives
+from tfring import list_agreement
 from tfring import errors
 from tfring import ops as _ops
 from tfring.compression import Compression
@@ -187,6 +188,9 @@ def grouped_reducescatter(tensors, device_dense='',
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{api_name} received name={name!r}. Expected a str "
                         "or None.")
+    list_agreement.check_same_length_once(
+        ("reducescatter", name, membership.key), tensors, "tensors",
+        "reduce-scatter", api_name, membership)
     if not tensors:
         return []
     tensors = [_prepare_reducescatter_input(t, api_name) for t in tensors]
@@ -217,6 +221,9 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     _check_tensor_list(tensors, api_name, "tfring.allgather()")
     basics._check_initialized(api_name)
     membership = collectives.resolve_process_set(process_set, api_name)
+    list_agreement.check_same_length_once(
+        ("allgather", name, membership.key), tensors, "tensors", "gather",
+        api_name, membership)
     if not tensors:
         return []
     prepared = []

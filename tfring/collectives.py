@@ -21,6 +21,7 @@ from tensorflow.python.eager import record
 from tfring import _core
 from tfring import basics
 from tfring import errors
+from tfring import list_agreement
 from tfring import ops as _ops
 from tfring import process_sets as _process_sets
 from tfring.compression import Compression
@@ -437,6 +438,9 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     op, prescale_factor, postscale_factor = _check_reduce_args(
         op, average, prescale_factor, postscale_factor, api_name)
     membership = resolve_process_set(process_set, api_name)
+    list_agreement.check_same_length_once(
+        ("allreduce", name, membership.key), tensors, "tensors", "reduce",
+        api_name, membership)
     if not tensors:
         return []
     tensors = [_prepare_reduce_input(t, op, prescale_factor, postscale_factor,

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfring import basics
 from tfring import collectives
+from tfring import list_agreement
 from tfring.process_sets import global_process_set
 
 try:  # cloudpickle also handles lambdas and local classes, like Horovod.
@@ -53,6 +54,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set,
     collectives.check_root_rank(root_rank, api_name, membership)
     variables = list(variables)
     if tf.executing_eagerly():
+        list_agreement.check_same_length(variables, "variables", "broadcast",
+                                         api_name, membership)
         if variables:
             _assign_broadcast_in_function(variables, root_rank, membership)
         return None
@@ -145,6 +148,8 @@ def broadcast_(variables, root_rank, name=None,
     basics._check_initialized(api_name)
     membership = collectives.resolve_process_set(process_set, api_name)
     collectives.check_root_rank(root_rank, api_name, membership)
+    list_agreement.check_same_length(variables, "variables", "broadcast",
+                                     api_name, membership)
     if not variables:
         return []
     if tf.executing_eagerly():

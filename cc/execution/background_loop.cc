@@ -319,9 +319,7 @@ void BackgroundLoop::Run() {
     next_round = Clock::now() + (AnyPending() ? std::min<Clock::duration>(cycle, pending_retry)
                                               : idle);
     if (outcome.shutdown) {
-      stop_reason = Status::Aborted("tfring was shut down: " + outcome.shutdown_reason +
-                                    ". Collectives still pending were cancelled; call "
-                                    "tfring.init() on every rank to start again.");
+      stop_reason = Status::Aborted("tfring was shut down: " + outcome.shutdown_reason);
       break;
     }
   }

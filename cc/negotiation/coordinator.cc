@@ -6,11 +6,10 @@
 
 #include "cc/logging.h"
 #include "cc/negotiation/response_builder.h"
+#include "cc/negotiation/stall_report.h"
 
 namespace tfring {
 namespace {
-
-constexpr size_t kNamesPerRankInStallReport = 5;
 
 double SecondsBetween(Coordinator::Clock::time_point from, Coordinator::Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -102,43 +101,36 @@ std::string Coordinator::InspectStalls(Clock::time_point now) {
   const double shutdown_after = config_.stall_shutdown_time_s;
   if (warn_after <= 0 && shutdown_after <= 0) return "";
 
-  std::map<int, std::vector<std::string>> missing_by_rank;
-  std::string shutdown_reason;
+  const std::string* oldest_over_limit = nullptr;
+  double oldest_waited = 0;
   bool any_to_warn = false;
   for (auto& [name, entry] : table_) {
     const double waited = SecondsBetween(entry.first_seen, now);
-    if (shutdown_after > 0 && waited > shutdown_after && shutdown_reason.empty()) {
-      std::ostringstream reason;
-      reason << "tensor '" << name << "' waited " << static_cast<int>(waited)
-             << " s for other ranks, longer than TFRING_STALL_SHUTDOWN_TIME_SECONDS="
-             << shutdown_after;
-      shutdown_reason = reason.str();
+    if (shutdown_after > 0 && waited > shutdown_after && waited > oldest_waited) {
+      oldest_over_limit = &name;
+      oldest_waited = waited;
     }
-    if (warn_after <= 0 || SecondsBetween(entry.last_warned, now) < warn_after) continue;
-    entry.last_warned = now;
-    any_to_warn = true;
+    if (warn_after > 0 && SecondsBetween(entry.last_warned, now) >= warn_after) {
+      entry.last_warned = now;
+      any_to_warn = true;
+    }
+  }
+  if (oldest_over_limit != nullptr) {
+    return StallError(*oldest_over_limit, oldest_waited, shutdown_after, WaitsByRank());
+  }
+  if (any_to_warn) TFRING_LOG(kWarning, StallWarning(WaitsByRank(), warn_after));
+  return "";
+}
+
+std::vector<RankWaits> Coordinator::WaitsByRank() const {
+  std::vector<RankWaits> waits(world_size_);
+  for (int index = 0; index < world_size_; ++index) waits[index].rank = world_ranks_[index];
+  for (const auto& [name, entry] : table_) {
     for (int index = 0; index < world_size_; ++index) {
-      if (!entry.submitted[index]) missing_by_rank[world_ranks_[index]].push_back(name);
+      if (entry.submitted[index]) waits[index].names.push_back(name);
     }
   }
-  if (any_to_warn) {
-    std::ostringstream report;
-    report << "Some ranks have not submitted tensors that other ranks submitted more than "
-           << warn_after << " s ago. This usually means the ranks run different code paths, "
-           << "or one rank is much slower or stuck. Missing:";
-    for (const auto& [rank, names] : missing_by_rank) {
-      report << " rank " << rank << ": ";
-      for (size_t i = 0; i < names.size() && i < kNamesPerRankInStallReport; ++i) {
-        report << (i > 0 ? ", " : "") << "'" << names[i] << "'";
-      }
-      if (names.size() > kNamesPerRankInStallReport) {
-        report << " and " << names.size() - kNamesPerRankInStallReport << " more";
-      }
-      report << ";";
-    }
-    TFRING_LOG(kWarning, report.str());
-  }
-  return shutdown_reason;
+  return waits;
 }
 
 }  // namespace tfring

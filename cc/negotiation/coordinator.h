@@ -20,6 +20,7 @@
 #include "cc/common.h"
 #include "cc/config.h"
 #include "cc/negotiation/response.h"
+#include "cc/negotiation/stall_report.h"
 
 namespace tfring {
 
@@ -35,9 +36,10 @@ class Coordinator {
   void Add(const std::vector<Request>& requests, Clock::time_point now);
   // Responses for names now submitted by every rank, in completion order.
   ResponseList TakeReady();
-  // Logs a warning for tensors waiting longer than the stall check time,
-  // listing the missing ranks. Returns a non-empty shutdown reason when a
-  // tensor waited longer than the stall shutdown time.
+  // Logs a warning (cc/stall_report.h) for tensors waiting longer than the
+  // stall check time. Returns a non-empty shutdown reason, the error every
+  // rank's pending collectives fail with, when a tensor waited longer than
+  // the stall shutdown time.
   std::string InspectStalls(Clock::time_point now);
 
  private:
@@ -53,6 +55,8 @@ class Coordinator {
   // joined; returns the entry after it.
   std::map<std::string, Entry>::iterator ReleaseIfReady(std::map<std::string, Entry>::iterator it);
   int FirstSubmitted(const Entry& entry) const;
+  // For each rank, the names in the table it has submitted (and waits on).
+  std::vector<RankWaits> WaitsByRank() const;
 
   const std::vector<int> world_ranks_;
   const int world_size_;  // ranks taking part

@@ -22,6 +22,9 @@ Usage: peer_failure.py <mode>
   stall:     the last rank submits 'late_tensor' 3 s after the others; with
              TFRING_STALL_CHECK_TIME_SECONDS=1 rank 0 warns who is missing,
              then the collective completes.
+  stall_limit: rank r allreduces 'only_on_rank_<r>', which no other rank
+             submits; with a short TFRING_STALL_SHUTDOWN_TIME_SECONDS every
+             rank must fail it with the stall error, printed on one line.
 """
 import os
 import signal
@@ -45,6 +48,15 @@ if mode == "stall":
         time.sleep(3)
     result = hvd.allreduce(tf.constant(2.0), op=hvd.Sum, name="late_tensor")
     print(f"rank {hvd.rank()} STALL_DONE {float(result)}", flush=True)
+    sys.exit(0)
+
+if mode == "stall_limit":
+    try:
+        hvd.allreduce(tf.constant(1.0), name=f"only_on_rank_{hvd.rank()}")
+        print(f"rank {hvd.rank()} UNEXPECTED_SUCCESS", flush=True)
+    except tf.errors.AbortedError as error:
+        one_line = error.message.replace("\n", " | ")
+        print(f"rank {hvd.rank()} STALL_ERROR {one_line}", flush=True)
     sys.exit(0)
 
 if mode in ("kill_in_allreduce", "stop_in_allreduce"):

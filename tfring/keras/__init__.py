@@ -75,4 +75,5 @@ def __getattr__(name):
     # even where the callbacks are not needed (or not there).
     if name == "callbacks":
         return importlib.import_module("tfring.keras.callbacks")
-    raise AttributeError(f"module 'tfring.keras' has no attribute '{name}'")
+    from tfring import unsupported
+    raise unsupported.attribute_error(__name__, name)

@@ -10,3 +10,4 @@ from tfring.keras.callbacks.learning_rate_schedule import (
 from tfring.keras.callbacks.learning_rate_warmup import (
     LearningRateWarmupCallback)
 from tfring.keras.callbacks.metric_average import MetricAverageCallback
+from tfring.keras.callbacks.join_uneven_data import JoinUnevenDataCallback

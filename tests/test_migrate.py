@@ -1,0 +1,163 @@
+# python -m tfring.migrate: each rewrite on its own, what it reports instead
+# of porting, the command line, and whole scripts in the style of Horovod's
+# TensorFlow 2 / Keras examples that must run at 2 ranks once ported.
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from tfring.migrate import migrate_source  # noqa: E402
+from mpi_launch import launch, working_tree_env  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "migrate_fixtures"
+
+
+def _port(source):
+    return migrate_source(textwrap.dedent(source))
+
+
+@pytest.mark.parametrize("before,after", [
+    ("import horovod.tensorflow as hvd\n", "import tfring as hvd\n"),
+    ("import horovod.tensorflow.keras as hvd\n", "import tfring.keras as hvd\n"),
+    ("import horovod.keras as hvd\n", "import tfring.keras as hvd\n"),
+    ("from horovod import tensorflow as hvd\n", "import tfring as hvd\n"),
+    ("from horovod.tensorflow.keras.callbacks import MetricAverageCallback\n",
+     "from tfring.keras.callbacks import MetricAverageCallback\n"),
+    ("import horovod.tensorflow\nhorovod.tensorflow.init()\n",
+     "import tfring\ntfring.init()\n"),
+    ("import horovod\nhorovod.run(main, args=(1,), np=2)\n", "main(*(1,))\n"),
+])
+def test_horovod_imports(before, after):
+    assert _port(before).source == after
+
+
+@pytest.mark.parametrize("before,after", [
+    ("model.compile(loss='mse', optimizer=opt, experimental_run_tf_function=False)\n",
+     "model.compile(loss='mse', optimizer=opt)\n"),
+    ("hvd.broadcast_variables(opt.variables(), root_rank=0)\n",
+     "hvd.broadcast_variables(opt.variables, root_rank=0)\n"),
+    ("opt = keras.optimizers.SGD(lr=0.1, momentum=0.9)\n",
+     "opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)\n"),
+    ("model.fit_generator(gen, epochs=2)\nmodel.evaluate_generator(gen)\n",
+     "model.fit(gen, epochs=2)\nmodel.evaluate(gen)\n"),
+    ("from keras.preprocessing.image import ImageDataGenerator\n",
+     "from tensorflow.keras.preprocessing.image import ImageDataGenerator\n"),
+    ("import tensorflow as tf\nimport keras\n"
+     "g = keras.preprocessing.image.ImageDataGenerator()\n",
+     "import tensorflow as tf\nimport keras\n"
+     "g = tf.keras.preprocessing.image.ImageDataGenerator()\n"),
+])
+def test_keras3_rewrites(before, after):
+    assert _port(before).source == after
+
+
+def test_keras3_rewrite_adds_the_tensorflow_import_it_needs():
+    result = _port("import keras\ng = keras.preprocessing.image.ImageDataGenerator()\n")
+    assert result.source.startswith("import keras\nimport tensorflow as tf\n")
+
+
+def test_gpu_pinning_becomes_tf_config_and_keeps_comments():
+    result = _port("""\
+        import tensorflow as tf
+        import horovod.keras as hvd
+        # pin one GPU per process
+        config = tf.ConfigProto()
+        config.gpu_options.allow_growth = True
+        config.gpu_options.visible_device_list = str(hvd.local_rank())
+        tf.keras.backend.set_session(tf.Session(config=config))
+        x = 1  # kept
+        """)
+    assert result.source == textwrap.dedent("""\
+        import tensorflow as tf
+        import tfring.keras as hvd
+        # pin one GPU per process
+        gpus = tf.config.list_physical_devices("GPU")
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+        x = 1  # kept
+        """)
+    assert result.findings == []
+
+
+def test_what_cannot_be_ported_is_listed_with_its_line():
+    result = _port("""\
+        import tensorflow as tf
+        import horovod.tensorflow.keras as hvd
+        from horovod.spark.keras import KerasEstimator
+        from horovod.ray import RayExecutor
+
+        @hvd.elastic.run
+        def train(state):
+            pass
+
+        sess = tf.compat.v1.Session()
+        est = tf.estimator.Estimator(model_fn)
+        """)
+    found = {(f.line, f.what.split(" (")[0]) for f in result.findings}
+    assert found == {
+        (3, "uses Horovod's Spark integration"),
+        (4, "uses Horovod's Ray integration"),
+        (6, "uses Horovod's elastic training"),
+        (10, "uses a TF1 session"),
+        (11, "uses tf.estimator.Estimator"),
+    }, result.findings
+    by_line = {f.line: f.suggestion for f in result.findings}
+    assert "tfringrun -np N" in by_line[3]
+    assert "restart the job" in by_line[6]
+    assert "tf.GradientTape" in by_line[10]
+    assert "keras.Model" in by_line[11]
+    # Those lines are left as they were.
+    assert "@hvd.elastic.run" in result.source
+    assert "from horovod.spark.keras import KerasEstimator" in result.source
+
+
+def _run_tool(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tfring.migrate", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env=working_tree_env(quiet_tensorflow=True), cwd=cwd)
+
+
+def test_command_prints_a_diff_by_default_and_writes_with_write(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.tensorflow as hvd\nhvd.elastic.run\n")
+    shown = _run_tool(str(script))
+    assert shown.returncode == 1, shown.stderr
+    assert "-import horovod.tensorflow as hvd\n+import tfring as hvd" in shown.stdout
+    assert f"cannot port: {script}:2: uses Horovod's elastic training" in shown.stdout
+    assert script.read_text().startswith("import horovod")  # not written
+    written = _run_tool("--write", str(tmp_path))
+    assert written.returncode == 1, written.stderr
+    assert script.read_text() == "import tfring as hvd\nhvd.elastic.run\n"
+
+
+def test_command_reports_a_file_that_does_not_parse(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("def (:\n")
+    result = _run_tool(str(script))
+    assert result.returncode == 2
+    assert "does not parse as Python" in result.stderr
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.py")))
+def test_ported_horovod_style_script_runs_at_two_ranks(fixture, tmp_path):
+    script = tmp_path / fixture
+    script.write_text((FIXTURES / fixture).read_text())
+    ported = _run_tool("--write", str(script))
+    assert ported.returncode == 0, ported.stdout + ported.stderr
+    assert "import horovod" not in script.read_text()
+    env = working_tree_env(quiet_tensorflow=True, OMP_NUM_THREADS="1",
+                           TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
+    result = launch([sys.executable, str(script)], 2, timeout=300, env=env,
+                    cwd=str(tmp_path))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    for rank in range(2):
+        assert f"rank {rank} PORTED_SCRIPT_DONE" in result.output, result.describe()

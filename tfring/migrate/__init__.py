@@ -1,0 +1,73 @@
+# tfring.migrate: ports a Horovod TensorFlow 2 / Keras script to tfring.
+#
+# Why a tool: "change one import" is not enough on TensorFlow 2.16+, where
+# tf.keras is Keras 3 and Horovod-era scripts also meet Keras 2 -> 3 and
+# TF1 -> TF2 changes. Each family of rewrites lives in its own module and
+# works on libcst's concrete syntax tree, so comments and formatting of the
+# untouched code stay exactly as they were:
+#   horovod_imports  Horovod imports and horovod.run -> tfring
+#   keras3           Keras 2 -> 3 (compile arguments, .variables, lr=, ...)
+#   gpu_pinning      ConfigProto / set_session -> tf.config
+#   findings         what cannot be ported (elastic, Spark, Ray, TF1
+#                    sessions, estimators), with line and suggested path
+# `python -m tfring.migrate PATH...` (see __main__.py) prints a unified diff
+# or, with --write, rewrites the files.
+
+import dataclasses
+
+from tfring.migrate._libcst import cst
+from tfring.migrate import findings as _findings
+from tfring.migrate import gpu_pinning as _gpu_pinning
+from tfring.migrate import horovod_imports as _horovod_imports
+from tfring.migrate import keras3 as _keras3
+from tfring.migrate.findings import Finding
+
+
+@dataclasses.dataclass
+class MigrationResult:
+    source: str       # the ported script
+    findings: list    # Finding: what still needs a person
+
+    def changed(self, original):
+        return self.source != original
+
+
+def _rank_expression(aliases):
+    alias = "hvd" if "hvd" in aliases or not aliases else sorted(aliases)[0]
+    return f"{alias}.local_rank()"
+
+
+def _ensure_tensorflow_import(module):
+    """Adds `import tensorflow as tf` after the last top-of-file import
+    unless the script binds `tf` already."""
+    for statement in module.body:
+        for small in getattr(statement, "body", []):
+            if isinstance(small, cst.Import) and any(
+                    (a.asname.name.value if a.asname else None) == "tf"
+                    for a in small.names):
+                return module
+    body = list(module.body)
+    position = 0
+    for i, statement in enumerate(body):
+        if isinstance(statement, cst.SimpleStatementLine) and isinstance(
+                statement.body[0], (cst.Import, cst.ImportFrom)):
+            position = i + 1
+    body.insert(position, cst.parse_statement("import tensorflow as tf\n"))
+    return module.with_changes(body=body)
+
+
+def migrate_source(source):
+    """Ports one script's text; returns a MigrationResult."""
+    module = cst.parse_module(source)
+    aliases = _horovod_imports.horovod_aliases(module)
+    module = module.visit(_horovod_imports.HorovodImports())
+    keras3 = _keras3.Keras3()
+    module = module.visit(keras3)
+    pinning = _gpu_pinning.GpuPinning(_rank_expression(aliases))
+    module = module.visit(pinning)
+    if keras3.needs_tensorflow_import or pinning.rewrote:
+        module = _ensure_tensorflow_import(module)
+    return MigrationResult(module.code, _findings.collect(module, aliases))
+
+
+__all__ = ["Finding", "MigrationResult", "migrate_source"]

@@ -1,0 +1,111 @@
+# What the porting tool cannot port, with file:line and the suggested path.
+#
+# Why a separate pass: these uses need a person (elastic training, Spark,
+# Ray, TF1 sessions, estimators); rewriting them blindly would produce a
+# script that runs but does something else. The visitor only reads the tree
+# and reports; the rewrites leave these lines alone.
+
+import dataclasses
+
+from tfring import unsupported
+from tfring.migrate._libcst import cst, m, metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    line: int
+    what: str
+    suggestion: str
+
+    def format(self, path):
+        return f"{path}:{self.line}: {self.what}. {self.suggestion}"
+
+
+def dotted_name(node):
+    """'a.b.c' for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted_name(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+_TF1 = {
+    "Session": "a TF1 session",
+    "InteractiveSession": "a TF1 session",
+    "MonitoredTrainingSession": "a TF1 MonitoredTrainingSession",
+    "placeholder": "a TF1 placeholder",
+}
+_TF1_ADVICE = ("TF2 runs eagerly: call the model directly (or inside a "
+               "tf.function), train with model.fit or a tf.GradientTape loop "
+               "and tfring.DistributedGradientTape, and broadcast with "
+               "tfring.broadcast_variables(model.variables, root_rank=0)")
+_ESTIMATOR_ADVICE = ("tf.estimator is gone from TensorFlow 2.16+: move the "
+                     "model_fn into a keras.Model and train with model.fit "
+                     "and tfring.keras.DistributedOptimizer")
+
+
+class FindingsCollector(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (metadata.PositionProvider,)
+
+    def __init__(self, horovod_aliases):
+        super().__init__()
+        self.horovod_aliases = set(horovod_aliases)
+        self.findings = []
+        self._seen = set()
+
+    def _add(self, node, what, suggestion):
+        line = self.get_metadata(metadata.PositionProvider, node).start.line
+        # One report per line and cause (hvd.elastic.run holds hvd.elastic).
+        if (line, suggestion) not in self._seen:
+            self._seen.add((line, suggestion))
+            self.findings.append(Finding(line, what, suggestion))
+
+    def _check_module_path(self, node, path):
+        parts = path.split(".")
+        if parts[0] == "horovod" and len(parts) > 1:
+            feature = parts[1]
+            if feature in unsupported.FEATURES and feature != "run":
+                offered, instead = unsupported.FEATURES[feature]
+                self._add(node, f"uses Horovod's {offered} ({path})",
+                          f"tfring does not provide it: {instead}")
+            elif feature not in ("tensorflow", "keras", "run"):
+                self._add(node, f"uses {path}",
+                          "tfring ports horovod.tensorflow, "
+                          "horovod.tensorflow.keras and horovod.keras only")
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            self._check_module_path(node, dotted_name(alias.name) or "")
+
+    def visit_ImportFrom(self, node):
+        if node.module is not None and not node.relative:
+            path = dotted_name(node.module) or ""
+            self._check_module_path(node, path)
+            if path.split(".")[:2] == ["tensorflow", "estimator"]:
+                self._add(node, "imports tf.estimator", _ESTIMATOR_ADVICE)
+
+    def visit_Attribute(self, node):
+        path = dotted_name(node)
+        if path is None:
+            return
+        parts = path.split(".")
+        if (parts[0] in self.horovod_aliases and len(parts) > 1
+                and parts[1] == "elastic"):
+            offered, instead = unsupported.FEATURES["elastic"]
+            self._add(node, f"uses Horovod's {offered} ({path})",
+                      f"tfring does not provide it: {instead}")
+        elif parts[0] in ("tf", "tensorflow"):
+            if "estimator" in parts[1:3]:
+                self._add(node, f"uses {path}", _ESTIMATOR_ADVICE)
+            elif parts[-1] in _TF1 and (len(parts) == 2 or parts[1] == "compat"):
+                self._add(node, f"uses {_TF1[parts[-1]]} ({path})",
+                          _TF1_ADVICE)
+
+
+def collect(module, horovod_aliases):
+    wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    collector = FindingsCollector(horovod_aliases)
+    wrapper.visit(collector)
+    return sorted(collector.findings, key=lambda f: f.line)

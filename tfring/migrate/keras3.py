@@ -1,0 +1,71 @@
+# Keras 2 -> Keras 3 changes that Horovod-era scripts meet on TensorFlow
+# 2.16+ (where tf.keras is Keras 3):
+#   model.compile(..., experimental_run_tf_function=False)  -> argument gone
+#   opt.variables() / model.variables()                      -> .variables
+#   keras.optimizers.SGD(lr=0.1)                             -> learning_rate=
+#   model.fit_generator / evaluate_generator / predict_generator -> fit / ...
+#   keras.preprocessing.image.ImageDataGenerator -> tf.keras.preprocessing.
+#     image.ImageDataGenerator (Keras 3 keeps it only in the tf.keras
+#     namespace, as a legacy class that still feeds model.fit)
+
+from tfring.migrate._libcst import cst, m
+from tfring.migrate.findings import dotted_name
+
+REMOVED_COMPILE_ARGUMENTS = ("experimental_run_tf_function",)
+GENERATOR_METHODS = {"fit_generator": "fit",
+                     "evaluate_generator": "evaluate",
+                     "predict_generator": "predict"}
+OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adadelta", "Adagrad",
+              "Adamax", "Nadam", "Ftrl", "Lion", "Adafactor")
+IMAGE_MODULES = ("keras.preprocessing.image", "tensorflow.keras.preprocessing.image")
+
+
+def _drop_trailing_comma(args):
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return args
+
+
+class Keras3(cst.CSTTransformer):
+
+    def __init__(self):
+        super().__init__()
+        self.needs_tensorflow_import = False
+
+    def leave_Call(self, original, updated):
+        func = updated.func
+        if m.matches(func, m.Attribute(attr=m.Name("compile"))):
+            args = [a for a in updated.args if not (
+                a.keyword and a.keyword.value in REMOVED_COMPILE_ARGUMENTS)]
+            if len(args) != len(updated.args):
+                return updated.with_changes(args=_drop_trailing_comma(args))
+        if (m.matches(func, m.Attribute(attr=m.Name("variables")))
+                and not updated.args):
+            return func
+        if isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_METHODS:
+            return updated.with_changes(func=func.with_changes(
+                attr=cst.Name(GENERATOR_METHODS[func.attr.value])))
+        name = dotted_name(func) or ""
+        if name.split(".")[-1] in OPTIMIZERS:
+            args = [a.with_changes(keyword=cst.Name("learning_rate"))
+                    if a.keyword and a.keyword.value == "lr" else a
+                    for a in updated.args]
+            return updated.with_changes(args=args)
+        return updated
+
+    def leave_Attribute(self, original, updated):
+        path = dotted_name(updated)
+        if path == "keras.preprocessing.image.ImageDataGenerator":
+            self.needs_tensorflow_import = True
+            return cst.parse_expression(
+                "tf.keras.preprocessing.image.ImageDataGenerator")
+        return updated
+
+    def leave_ImportFrom(self, original, updated):
+        path = dotted_name(updated.module) if updated.module else None
+        if (path in IMAGE_MODULES and not isinstance(updated.names, cst.ImportStar)
+                and any(a.name.value == "ImageDataGenerator" for a in updated.names)):
+            # tensorflow.keras.* resolves to Keras 3's tf.keras namespace.
+            return updated.with_changes(module=cst.parse_expression(
+                "tensorflow.keras.preprocessing.image"))
+        return updated
