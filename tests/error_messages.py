@@ -6,8 +6,9 @@ finds every raised message so tests/test_docs.py can check that each one
 contains a key phrase of the page, and that each phrase still matches one.
 
 What counts as a raised message:
-  * Python (tfring/**/*.py): `raise SomeError(<message>)` and
-    `parser.error(<message>)`, where <message> is a string literal, an
+  * Python (tfring/**/*.py): `raise SomeError(<message>)`,
+    `return SomeError(<message>)` (a function that builds the error its
+    callers raise) and `parser.error(<message>)`, where <message> is a string literal, an
     f-string or a concatenation of them; a placeholder becomes `{}`;
   * C++ (cc/**/*.cc, tfring/**/*.cc): `Status::<Code>(...)` (except OK),
     `errors::<Code>(...)` and `throw ...(...)`: the string literals inside
@@ -42,12 +43,20 @@ def _python_text(node):
     return None
 
 
+def _names_an_exception(func):
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    return name.endswith(("Error", "Exception"))
+
+
 def _python_messages(path):
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
         call = None
         if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
             call = node.exc
+        elif (isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
+              and _names_an_exception(node.value.func)):
+            call = node.value
         elif (isinstance(node, ast.Call)
               and isinstance(node.func, ast.Attribute)
               and node.func.attr == "error"
