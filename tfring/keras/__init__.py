@@ -37,6 +37,13 @@ from tfring.keras.optimizer import (DistributedLossScaleOptimizer,
                                     DistributedOptimizer,
                                     PartialDistributedOptimizer)
 from tfring.keras.saving import load_model
+from tfring.keras import fit_hook as _fit_hook
+
+# model.fit() of a model compiled with a DistributedOptimizer joins ranks
+# that run out of data (fit_hook.py). Here, not in optimizer.py: importing
+# tfring.keras.optimizer (as tfring.DistributedOptimizer does) runs this
+# package first.
+_fit_hook.install()
 
 
 def _result(tensor):

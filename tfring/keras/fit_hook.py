@@ -19,8 +19,8 @@
 # Keras module, and the optimizer is never told which model it trains.
 #
 # Keras offers no hook through which the optimizer could add that callback,
-# so importing tfring.keras wraps keras.Model.fit (public API, stable
-# signature) once: for a model compiled with a DistributedOptimizer over all
+# so importing tfring.keras (the package DistributedOptimizer's module is
+# part of) wraps keras.Model.fit (public API, stable signature) once: for a model compiled with a DistributedOptimizer over all
 # ranks of an initialized job of more than one rank, the callback is put in
 # front of the user's callbacks (so it joins before they average metrics or
 # save checkpoints); any other model's fit() is left exactly as it is.
@@ -31,13 +31,13 @@ import inspect
 import keras
 
 from tfring import basics
+from tfring.keras.optimizer import DistributedOptimizer
 from tfring.process_sets import global_process_set
 
 _MARK = "_tfring_joins_uneven_data"
 
 
 def _joins_uneven_data(model):
-    from tfring.keras.optimizer import DistributedOptimizer
     optimizer = getattr(model, "optimizer", None)
     return (isinstance(optimizer, DistributedOptimizer)
             and optimizer.process_set is global_process_set

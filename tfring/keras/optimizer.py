@@ -585,10 +585,3 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='',
         scale_local_gradients=scale_local_gradients)
     opt._reducer.local_sources.add_layers(layers)
     return opt
-
-
-# model.fit() of a model compiled with a DistributedOptimizer joins ranks
-# that run out of data (see fit_hook.py).
-from tfring.keras import fit_hook as _fit_hook  # noqa: E402
-
-_fit_hook.install()
