@@ -20,9 +20,10 @@
 #
 # Keras offers no hook through which the optimizer could add that callback,
 # so importing tfring.keras (the package DistributedOptimizer's module is
-# part of) wraps keras.Model.fit (public API, stable signature) once: for a model compiled with a DistributedOptimizer over all
-# ranks of an initialized job of more than one rank, the callback is put in
-# front of the user's callbacks (so it joins before they average metrics or
+# part of) wraps keras.Model.fit (public API, stable signature) once: for a
+# model compiled with a DistributedOptimizer over all ranks of an initialized
+# job of more than one rank, the callback is put in front of the user's
+# callbacks (so it joins before they average metrics or
 # save checkpoints); any other model's fit() is left exactly as it is.
 
 import functools
