@@ -76,3 +76,23 @@ def test_unknown_names_are_attribute_errors():
     import tfring
     with pytest.raises(AttributeError, match="no attribute 'no_such_function'"):
         tfring.no_such_function
+
+
+def test_every_public_name_survives_its_submodules_import():
+    # Importing a submodule binds it as an attribute of the package; one
+    # named like a function of the API (tfring/join.py once) would hide it.
+    code = textwrap.dedent("""
+        import importlib, pkgutil, types
+        import tfring
+        for info in pkgutil.walk_packages(tfring.__path__, "tfring."):
+            last = info.name.rpartition(".")[2]
+            if not (info.name.startswith(("tfring.migrate", "tfring.launcher"))
+                    or last.startswith("lib")):  # the native libraries
+                importlib.import_module(info.name)
+        hidden = [n for n in tfring.__all__ if isinstance(getattr(tfring, n), types.ModuleType)]
+        print("hidden:", hidden)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=TIMEOUT_S * 3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "hidden: []" in result.stdout

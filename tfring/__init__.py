@@ -41,7 +41,7 @@ for _module, _names in {
     "collectives": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather",
                     "allreduce", "broadcast", "grouped_allreduce"],
     "compression": ["Compression"],
-    "join": ["join"],
+    "joining": ["join"],
     "sync_batch_norm": ["SyncBatchNormalization"],
     "functions": ["allgather_object", "broadcast_", "broadcast_global_variables",
                   "broadcast_object", "broadcast_variables"],

@@ -11,10 +11,6 @@ lists exactly what the packages export, with no list kept by hand.
 `tfring/__init__.py` loads its API on first use: it binds each public name
 to the module that defines it in its `_API` table, which griffe cannot
 follow statically, so the names of that table become aliases here.
-
-One more case: `from tfring.join import join` makes `tfring.join` the
-function at run time, while griffe sees the submodule of that name; such a
-member becomes an alias of the function, as Python resolves it.
 """
 import importlib
 import sys

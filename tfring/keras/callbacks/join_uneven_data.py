@@ -28,7 +28,7 @@ import tensorflow as tf
 from tfring import basics
 from tfring import collectives
 from tfring import functions
-from tfring.join import join
+from tfring.joining import join
 from tfring.keras.callbacks.broadcast_global_variables import (
     _optimizer_variables)
 

@@ -1,4 +1,6 @@
 # join(): training with a different number of batches on each rank.
+# (The module is not named join.py: importing it would make the package
+# attribute tfring.join this module instead of the function.)
 #
 # Why: with uneven data, a rank that runs out of batches would leave the
 # others waiting forever in their next gradient allreduce. A rank that calls
