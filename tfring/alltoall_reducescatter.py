@@ -190,7 +190,7 @@ def grouped_reducescatter(tensors, device_dense='',
                         "or None.")
     list_agreement.check_same_length_once(
         ("reducescatter", name, membership.key), tensors, "tensors",
-        "reduce-scatter", api_name, membership)
+        "reduce-scatter", api_name, membership, name)
     if not tensors:
         return []
     tensors = [_prepare_reducescatter_input(t, api_name) for t in tensors]
@@ -223,7 +223,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     membership = collectives.resolve_process_set(process_set, api_name)
     list_agreement.check_same_length_once(
         ("allgather", name, membership.key), tensors, "tensors", "gather",
-        api_name, membership)
+        api_name, membership, name)
     if not tensors:
         return []
     prepared = []

@@ -440,7 +440,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     membership = resolve_process_set(process_set, api_name)
     list_agreement.check_same_length_once(
         ("allreduce", name, membership.key), tensors, "tensors", "reduce",
-        api_name, membership)
+        api_name, membership, name)
     if not tensors:
         return []
     tensors = [_prepare_reduce_input(t, op, prescale_factor, postscale_factor,

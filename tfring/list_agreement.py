@@ -38,14 +38,19 @@ def _describe_lengths(lengths, ranks, noun, verb):
     return ", ".join(parts)
 
 
-def check_same_length(items, noun, verb, api_name, membership):
+def check_same_length(items, noun, verb, api_name, membership, name=None):
     """Raises ValueError on every rank of `membership` unless all of them
-    pass lists of len(items). Eager only; does nothing in a graph."""
+    pass lists of len(items). Eager only; does nothing in a graph.
+
+    `name`: the checked call's own name. Its exchange is named after it, so
+    that named calls may run in any order on each rank (from threads, say)
+    as the calls themselves may; an unnamed call's exchange is unnamed too,
+    positional like the call."""
     if not tf.executing_eagerly() or membership.size < 2:
         return
     mine = np.array([len(items)], dtype=np.int64)
     lengths = _ops.allgather_op(
-        tf.constant(mine), name=f"tfring.list_length.{api_name}",
+        tf.constant(mine), name=None if name is None else f"{name}.list_length",
         process_set_id=membership.id).numpy()
     if np.all(lengths == lengths[0]):
         return
@@ -60,9 +65,9 @@ def check_same_length(items, noun, verb, api_name, membership):
         "before broadcasting or reducing.")
 
 
-def check_same_length_once(key, items, noun, verb, api_name, membership):
+def check_same_length_once(key, items, noun, verb, api_name, membership, name=None):
     """check_same_length() on the first eager call for `key` only."""
     if not tf.executing_eagerly() or key in _checked_grouped_calls:
         return
-    check_same_length(items, noun, verb, api_name, membership)
+    check_same_length(items, noun, verb, api_name, membership, name)
     _checked_grouped_calls.add(key)
