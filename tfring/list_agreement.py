@@ -18,8 +18,12 @@ import tensorflow as tf
 from tfring import ops as _ops
 
 # Grouped collectives run every step: each (api, name, process set) is
-# checked on its first eager call only, the same call on every rank.
+# checked on its first eager call only, the same call on every rank. A
+# program that names its calls differently every step would pay one more
+# exchange per call and grow this set without end: past this many names,
+# new ones are not checked (on every rank alike, as they make the same calls).
 _checked_grouped_calls = set()
+_MOST_CHECKED_CALLS = 4096
 
 
 def _third_person(verb):
@@ -67,7 +71,8 @@ def check_same_length(items, noun, verb, api_name, membership, name=None):
 
 def check_same_length_once(key, items, noun, verb, api_name, membership, name=None):
     """check_same_length() on the first eager call for `key` only."""
-    if not tf.executing_eagerly() or key in _checked_grouped_calls:
+    if (not tf.executing_eagerly() or key in _checked_grouped_calls
+            or len(_checked_grouped_calls) >= _MOST_CHECKED_CALLS):
         return
     check_same_length(items, noun, verb, api_name, membership, name)
     _checked_grouped_calls.add(key)

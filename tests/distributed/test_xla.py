@@ -314,7 +314,7 @@ def test_library_loaded_after_xla_initialised(rank):
         "import tensorflow as tf\n"
         "from tensorflow.python.framework import kernels\n"
         "tf.function(lambda x: x * 2, jit_compile=True)(tf.ones([2]))\n"
-        "import tfring\n"
+        "import tfring.ops  # the op library loads here\n"
         "devices = {k.device_type for k in "
         "kernels.get_registered_kernels_for_op('Tfring>Allreduce').kernel}\n"
         "assert 'XLA_CPU_JIT' in devices, devices\n"
