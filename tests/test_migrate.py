@@ -49,12 +49,34 @@ def test_horovod_imports(before, after):
      "model.fit(gen, epochs=2)\nmodel.evaluate(gen)\n"),
     ("from keras.preprocessing.image import ImageDataGenerator\n",
      "from tensorflow.keras.preprocessing.image import ImageDataGenerator\n"),
+    ("from keras.preprocessing import image\ng = image.ImageDataGenerator()\n",
+     "from tensorflow.keras.preprocessing import image\ng = image.ImageDataGenerator()\n"),
     ("import tensorflow as tf\nimport keras\n"
      "g = keras.preprocessing.image.ImageDataGenerator()\n",
      "import tensorflow as tf\nimport keras\n"
      "g = tf.keras.preprocessing.image.ImageDataGenerator()\n"),
 ])
 def test_keras3_rewrites(before, after):
+    assert _port(before).source == after
+
+
+@pytest.mark.parametrize("before,after", [
+    # Keras 2's positional order differs from fit / evaluate / predict's.
+    ("model.fit_generator(gen, 10, 2, verbose=0)\n",
+     "model.fit(gen, steps_per_epoch=10, epochs=2, verbose=0)\n"),
+    ("score = model.evaluate_generator(it, len(it), workers=4)\n",
+     "score = model.evaluate(it, steps=len(it))\n"),
+    ("p = model.predict_generator(it, 3)\n", "p = model.predict(it, steps=3)\n"),
+    # Keras 3 has no worker / queue arguments on the training calls.
+    ("model.fit(it,\n          workers=4,\n          epochs=1,\n"
+     "          use_multiprocessing=True,\n          max_queue_size=10)\n",
+     "model.fit(it,\n          epochs=1)\n"),
+    ("model.evaluate(x, y, workers=2, verbose=0)\n",
+     "model.evaluate(x, y, verbose=0)\n"),
+    # Other calls are left alone.
+    ("pool.map(f, xs, workers=4)\n", "pool.map(f, xs, workers=4)\n"),
+])
+def test_training_call_rewrites(before, after):
     assert _port(before).source == after
 
 
@@ -118,6 +140,19 @@ def test_what_cannot_be_ported_is_listed_with_its_line():
     # Those lines are left as they were.
     assert "@hvd.elastic.run" in result.source
     assert "from horovod.spark.keras import KerasEstimator" in result.source
+
+
+def test_horovod_data_service_is_reported_and_left_alone():
+    source = ("import horovod.tensorflow.keras as hvd\n"
+              "from horovod.tensorflow.data.compute_service import TfDataServiceConfig\n")
+    result = _port(source)
+    assert result.source == ("import tfring.keras as hvd\n"
+                             "from horovod.tensorflow.data.compute_service "
+                             "import TfDataServiceConfig\n")
+    [finding] = result.findings
+    assert finding.line == 2
+    assert finding.what.startswith("uses Horovod's tf.data compute service")
+    assert "dataset.shard(tfring.size(), tfring.rank())" in finding.suggestion
 
 
 def _run_tool(*args, cwd=None):

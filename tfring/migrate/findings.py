@@ -31,6 +31,23 @@ def dotted_name(node):
     return None
 
 
+_BINDING_PARTS = ("tensorflow", "keras")
+
+
+def unsupported_feature(path):
+    """The tfring.unsupported feature a Horovod module path reaches for
+    (horovod.spark.keras -> spark, horovod.tensorflow.data.compute_service
+    -> data, horovod.tensorflow.keras.elastic -> elastic), else None. The
+    in-process launcher `run` is not one: horovod_imports ports it."""
+    parts = path.split(".")
+    if parts[0] != "horovod":
+        return None
+    for part in parts[1:]:
+        if part not in _BINDING_PARTS:
+            return part if part in unsupported.FEATURES and part != "run" else None
+    return None
+
+
 _TF1 = {
     "Session": "a TF1 session",
     "InteractiveSession": "a TF1 session",
@@ -64,16 +81,17 @@ class FindingsCollector(cst.CSTVisitor):
 
     def _check_module_path(self, node, path):
         parts = path.split(".")
-        if parts[0] == "horovod" and len(parts) > 1:
-            feature = parts[1]
-            if feature in unsupported.FEATURES and feature != "run":
-                offered, instead = unsupported.FEATURES[feature]
-                self._add(node, f"uses Horovod's {offered} ({path})",
-                          f"tfring does not provide it: {instead}")
-            elif feature not in ("tensorflow", "keras", "run"):
-                self._add(node, f"uses {path}",
-                          "tfring ports horovod.tensorflow, "
-                          "horovod.tensorflow.keras and horovod.keras only")
+        if parts[0] != "horovod" or len(parts) < 2:
+            return
+        feature = unsupported_feature(path)
+        if feature is not None:
+            offered, instead = unsupported.FEATURES[feature]
+            self._add(node, f"uses Horovod's {offered} ({path})",
+                      f"tfring does not provide it: {instead}")
+        elif parts[1] not in ("tensorflow", "keras", "run"):
+            self._add(node, f"uses {path}",
+                      "tfring ports horovod.tensorflow, "
+                      "horovod.tensorflow.keras and horovod.keras only")
 
     def visit_Import(self, node):
         for alias in node.names:
