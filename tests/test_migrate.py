@@ -110,6 +110,37 @@ def test_gpu_pinning_becomes_tf_config_and_keeps_comments():
     assert result.findings == []
 
 
+def test_tf1_eager_switch_goes_with_the_config_it_was_given():
+    result = _port("""\
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+        config = tf.ConfigProto()
+        config.gpu_options.visible_device_list = str(hvd.local_rank())
+
+        tf.enable_eager_execution(config=config)
+        """)
+    assert "enable_eager_execution" not in result.source
+    assert "config" not in result.source.replace("tf.config", "")
+    assert 'tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")' in result.source
+    # Without a session config it is only dropped.
+    alone = _port("import tensorflow as tf\ntf.compat.v1.enable_eager_execution()\nx = 1\n")
+    assert alone.source == "import tensorflow as tf\nx = 1\n"
+
+
+@pytest.mark.parametrize("use,what", [
+    ("opt = tf.train.AdamOptimizer(0.001)", "a TF1 optimizer"),
+    ("step = tf.compat.v1.train.get_or_create_global_step()", "a TF1 global step"),
+    ("with tf.train.MonitoredTrainingSession() as s: pass",
+     "a TF1 MonitoredTrainingSession"),
+    ("tf.app.run()", "TF1's tf.app.run"),
+    ("loss = tf.losses.sparse_softmax_cross_entropy(y, p)", "a TF1 loss function"),
+])
+def test_tf1_apis_are_listed(use, what):
+    result = _port(f"import tensorflow as tf\n{use}\n")
+    assert [(f.line, f.what.split(" (")[0]) for f in result.findings] == [(2, f"uses {what}")]
+    assert "tf.GradientTape" in result.findings[0].suggestion
+
+
 def test_what_cannot_be_ported_is_listed_with_its_line():
     result = _port("""\
         import tensorflow as tf
