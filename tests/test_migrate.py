@@ -85,6 +85,16 @@ def test_keras3_rewrite_adds_the_tensorflow_import_it_needs():
     assert result.source.startswith("import keras\nimport tensorflow as tf\n")
 
 
+def test_tensorflow_import_is_added_to_a_script_with_compound_statements():
+    result = _port("""\
+        import keras
+        def build():
+            return keras.preprocessing.image.ImageDataGenerator()
+        """)
+    assert result.source.startswith("import keras\nimport tensorflow as tf\n")
+    assert "return tf.keras.preprocessing.image.ImageDataGenerator()" in result.source
+
+
 def test_gpu_pinning_becomes_tf_config_and_keeps_comments():
     result = _port("""\
         import tensorflow as tf

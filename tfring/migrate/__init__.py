@@ -44,7 +44,9 @@ def _ensure_tensorflow_import(module):
     """Adds `import tensorflow as tf` after the last top-of-file import
     unless the script binds `tf` already."""
     for statement in module.body:
-        for small in getattr(statement, "body", []):
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue  # a compound statement's body is a block, not a list
+        for small in statement.body:
             if isinstance(small, cst.Import) and any(
                     (a.asname.name.value if a.asname else None) == "tf"
                     for a in small.names):
