@@ -49,6 +49,8 @@ def test_horovod_imports(before, after):
      "model.fit(gen, epochs=2)\nmodel.evaluate(gen)\n"),
     ("from keras.preprocessing.image import ImageDataGenerator\n",
      "from tensorflow.keras.preprocessing.image import ImageDataGenerator\n"),
+    ("from keras.preprocessing import image\ng = image.ImageDataGenerator()\n",
+     "from tensorflow.keras.preprocessing import image\ng = image.ImageDataGenerator()\n"),
     ("import tensorflow as tf\nimport keras\n"
      "g = keras.preprocessing.image.ImageDataGenerator()\n",
      "import tensorflow as tf\nimport keras\n"
@@ -58,9 +60,39 @@ def test_keras3_rewrites(before, after):
     assert _port(before).source == after
 
 
+@pytest.mark.parametrize("before,after", [
+    # Keras 2's positional order differs from fit / evaluate / predict's.
+    ("model.fit_generator(gen, 10, 2, verbose=0)\n",
+     "model.fit(gen, steps_per_epoch=10, epochs=2, verbose=0)\n"),
+    ("score = model.evaluate_generator(it, len(it), workers=4)\n",
+     "score = model.evaluate(it, steps=len(it))\n"),
+    ("p = model.predict_generator(it, 3)\n", "p = model.predict(it, steps=3)\n"),
+    # Keras 3 has no worker / queue arguments on the training calls.
+    ("model.fit(it,\n          workers=4,\n          epochs=1,\n"
+     "          use_multiprocessing=True,\n          max_queue_size=10)\n",
+     "model.fit(it,\n          epochs=1)\n"),
+    ("model.evaluate(x, y, workers=2, verbose=0)\n",
+     "model.evaluate(x, y, verbose=0)\n"),
+    # Other calls are left alone.
+    ("pool.map(f, xs, workers=4)\n", "pool.map(f, xs, workers=4)\n"),
+])
+def test_training_call_rewrites(before, after):
+    assert _port(before).source == after
+
+
 def test_keras3_rewrite_adds_the_tensorflow_import_it_needs():
     result = _port("import keras\ng = keras.preprocessing.image.ImageDataGenerator()\n")
     assert result.source.startswith("import keras\nimport tensorflow as tf\n")
+
+
+def test_tensorflow_import_is_added_to_a_script_with_compound_statements():
+    result = _port("""\
+        import keras
+        def build():
+            return keras.preprocessing.image.ImageDataGenerator()
+        """)
+    assert result.source.startswith("import keras\nimport tensorflow as tf\n")
+    assert "return tf.keras.preprocessing.image.ImageDataGenerator()" in result.source
 
 
 def test_gpu_pinning_becomes_tf_config_and_keeps_comments():
@@ -86,6 +118,37 @@ def test_gpu_pinning_becomes_tf_config_and_keeps_comments():
         x = 1  # kept
         """)
     assert result.findings == []
+
+
+def test_tf1_eager_switch_goes_with_the_config_it_was_given():
+    result = _port("""\
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+        config = tf.ConfigProto()
+        config.gpu_options.visible_device_list = str(hvd.local_rank())
+
+        tf.enable_eager_execution(config=config)
+        """)
+    assert "enable_eager_execution" not in result.source
+    assert "config" not in result.source.replace("tf.config", "")
+    assert 'tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")' in result.source
+    # Without a session config it is only dropped.
+    alone = _port("import tensorflow as tf\ntf.compat.v1.enable_eager_execution()\nx = 1\n")
+    assert alone.source == "import tensorflow as tf\nx = 1\n"
+
+
+@pytest.mark.parametrize("use,what", [
+    ("opt = tf.train.AdamOptimizer(0.001)", "a TF1 optimizer"),
+    ("step = tf.compat.v1.train.get_or_create_global_step()", "a TF1 global step"),
+    ("with tf.train.MonitoredTrainingSession() as s: pass",
+     "a TF1 MonitoredTrainingSession"),
+    ("tf.app.run()", "TF1's tf.app.run"),
+    ("loss = tf.losses.sparse_softmax_cross_entropy(y, p)", "a TF1 loss function"),
+])
+def test_tf1_apis_are_listed(use, what):
+    result = _port(f"import tensorflow as tf\n{use}\n")
+    assert [(f.line, f.what.split(" (")[0]) for f in result.findings] == [(2, f"uses {what}")]
+    assert "tf.GradientTape" in result.findings[0].suggestion
 
 
 def test_what_cannot_be_ported_is_listed_with_its_line():
@@ -118,6 +181,19 @@ def test_what_cannot_be_ported_is_listed_with_its_line():
     # Those lines are left as they were.
     assert "@hvd.elastic.run" in result.source
     assert "from horovod.spark.keras import KerasEstimator" in result.source
+
+
+def test_horovod_data_service_is_reported_and_left_alone():
+    source = ("import horovod.tensorflow.keras as hvd\n"
+              "from horovod.tensorflow.data.compute_service import TfDataServiceConfig\n")
+    result = _port(source)
+    assert result.source == ("import tfring.keras as hvd\n"
+                             "from horovod.tensorflow.data.compute_service "
+                             "import TfDataServiceConfig\n")
+    [finding] = result.findings
+    assert finding.line == 2
+    assert finding.what.startswith("uses Horovod's tf.data compute service")
+    assert "dataset.shard(tfring.size(), tfring.rank())" in finding.suggestion
 
 
 def _run_tool(*args, cwd=None):

@@ -15,6 +15,7 @@ import tfring.keras
     ("spark", "tfringrun -np N"),
     ("ray", "tfringrun -np N"),
     ("run", "tfringrun -np N"),
+    ("data", "dataset.shard(tfring.size(), tfring.rank())"),
 ])
 def test_attribute_names_the_feature_and_the_replacement(feature, replacement):
     with pytest.raises(AttributeError) as raised:
@@ -35,6 +36,7 @@ def test_keras_elastic_names_the_replacement():
     "from tfring import spark",
     "import tfring.keras.elastic",
     "from tfring.ray import RayExecutor",
+    "from tfring.data.compute_service import TfDataServiceConfig",
 ])
 def test_import_names_the_replacement(statement):
     with pytest.raises(ImportError, match=r"does not exist: tfring does not "

@@ -27,6 +27,13 @@ FEATURES = {
     "spark": ("Spark integration (horovod.spark.run, KerasEstimator)",
               "read the data with tf.data in the script and " + _LAUNCH),
     "ray": ("Ray integration (RayExecutor, ElasticRayExecutor)", _LAUNCH),
+    "data": ("tf.data compute service (TfDataServiceConfig, "
+             "send_to_data_service)",
+             "build the input pipeline in every rank with tf.data and "
+             "shard it with dataset.shard(tfring.size(), tfring.rank()), or "
+             "start TensorFlow's own tf.data service "
+             "(tf.data.experimental.service) and read from it with "
+             "dataset.apply(tf.data.experimental.service.distribute(...))"),
     "run": ("the in-process launcher horovod.run(fn, np=N)",
             "call fn() at the bottom of the script and " + _LAUNCH),
 }

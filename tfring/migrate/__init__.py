@@ -7,6 +7,8 @@
 # untouched code stay exactly as they were:
 #   horovod_imports  Horovod imports and horovod.run -> tfring
 #   keras3           Keras 2 -> 3 (compile arguments, .variables, lr=, ...)
+#   training_calls   Keras 2 -> 3 fit / evaluate / predict calls
+#                    (*_generator, worker and queue arguments)
 #   gpu_pinning      ConfigProto / set_session -> tf.config
 #   findings         what cannot be ported (elastic, Spark, Ray, TF1
 #                    sessions, estimators), with line and suggested path
@@ -20,6 +22,7 @@ from tfring.migrate import findings as _findings
 from tfring.migrate import gpu_pinning as _gpu_pinning
 from tfring.migrate import horovod_imports as _horovod_imports
 from tfring.migrate import keras3 as _keras3
+from tfring.migrate import training_calls as _training_calls
 from tfring.migrate.findings import Finding
 
 
@@ -41,7 +44,9 @@ def _ensure_tensorflow_import(module):
     """Adds `import tensorflow as tf` after the last top-of-file import
     unless the script binds `tf` already."""
     for statement in module.body:
-        for small in getattr(statement, "body", []):
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue  # a compound statement's body is a block, not a list
+        for small in statement.body:
             if isinstance(small, cst.Import) and any(
                     (a.asname.name.value if a.asname else None) == "tf"
                     for a in small.names):
@@ -63,6 +68,7 @@ def migrate_source(source):
     module = module.visit(_horovod_imports.HorovodImports())
     keras3 = _keras3.Keras3()
     module = module.visit(keras3)
+    module = module.visit(_training_calls.TrainingCalls())
     pinning = _gpu_pinning.GpuPinning(_rank_expression(aliases))
     module = module.visit(pinning)
     if keras3.needs_tensorflow_import or pinning.rewrote:

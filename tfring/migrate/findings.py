@@ -31,12 +31,51 @@ def dotted_name(node):
     return None
 
 
+_BINDING_PARTS = ("tensorflow", "keras")
+
+
+def unsupported_feature(path):
+    """The tfring.unsupported feature a Horovod module path reaches for
+    (horovod.spark.keras -> spark, horovod.tensorflow.data.compute_service
+    -> data, horovod.tensorflow.keras.elastic -> elastic), else None. The
+    in-process launcher `run` is not one: horovod_imports ports it."""
+    parts = path.split(".")
+    if parts[0] != "horovod":
+        return None
+    for part in parts[1:]:
+        if part not in _BINDING_PARTS:
+            return part if part in unsupported.FEATURES and part != "run" else None
+    return None
+
+
+# TF1 APIs that TensorFlow 2.16+ no longer has in its main namespace, by
+# their path after `tf.` (or `tf.compat.v1.`).
 _TF1 = {
     "Session": "a TF1 session",
     "InteractiveSession": "a TF1 session",
-    "MonitoredTrainingSession": "a TF1 MonitoredTrainingSession",
+    "train.MonitoredTrainingSession": "a TF1 MonitoredTrainingSession",
     "placeholder": "a TF1 placeholder",
+    "app.run": "TF1's tf.app.run",
+    "train.get_or_create_global_step": "a TF1 global step",
+    "train.get_global_step": "a TF1 global step",
+    "losses.softmax_cross_entropy": "a TF1 loss function",
+    "losses.sparse_softmax_cross_entropy": "a TF1 loss function",
 }
+
+
+def _tf1_use(parts):
+    """What a tf.* path names when it is a TF1 API, else None."""
+    rest = parts[1:]
+    if rest[:2] == ["compat", "v1"]:
+        rest = rest[2:]
+    name = ".".join(rest)
+    if name in _TF1:
+        return _TF1[name]
+    if len(rest) == 2 and rest[0] == "train" and rest[1].endswith("Optimizer"):
+        return "a TF1 optimizer (use the tf.keras.optimizers one)"
+    return None
+
+
 _TF1_ADVICE = ("TF2 runs eagerly: call the model directly (or inside a "
                "tf.function), train with model.fit or a tf.GradientTape loop "
                "and tfring.DistributedGradientTape, and broadcast with "
@@ -64,16 +103,17 @@ class FindingsCollector(cst.CSTVisitor):
 
     def _check_module_path(self, node, path):
         parts = path.split(".")
-        if parts[0] == "horovod" and len(parts) > 1:
-            feature = parts[1]
-            if feature in unsupported.FEATURES and feature != "run":
-                offered, instead = unsupported.FEATURES[feature]
-                self._add(node, f"uses Horovod's {offered} ({path})",
-                          f"tfring does not provide it: {instead}")
-            elif feature not in ("tensorflow", "keras", "run"):
-                self._add(node, f"uses {path}",
-                          "tfring ports horovod.tensorflow, "
-                          "horovod.tensorflow.keras and horovod.keras only")
+        if parts[0] != "horovod" or len(parts) < 2:
+            return
+        feature = unsupported_feature(path)
+        if feature is not None:
+            offered, instead = unsupported.FEATURES[feature]
+            self._add(node, f"uses Horovod's {offered} ({path})",
+                      f"tfring does not provide it: {instead}")
+        elif parts[1] not in ("tensorflow", "keras", "run"):
+            self._add(node, f"uses {path}",
+                      "tfring ports horovod.tensorflow, "
+                      "horovod.tensorflow.keras and horovod.keras only")
 
     def visit_Import(self, node):
         for alias in node.names:
@@ -99,8 +139,8 @@ class FindingsCollector(cst.CSTVisitor):
         elif parts[0] in ("tf", "tensorflow"):
             if "estimator" in parts[1:3]:
                 self._add(node, f"uses {path}", _ESTIMATOR_ADVICE)
-            elif parts[-1] in _TF1 and (len(parts) == 2 or parts[1] == "compat"):
-                self._add(node, f"uses {_TF1[parts[-1]]} ({path})",
+            elif _tf1_use(parts) is not None:
+                self._add(node, f"uses {_tf1_use(parts)} ({path})",
                           _TF1_ADVICE)
 
 

@@ -9,7 +9,8 @@
 # statements that build and install such a config are replaced, where the
 # first of them stood, by the tf.config equivalent (memory growth, then the
 # local rank's GPU as the only visible one). The rank expression is taken
-# from visible_device_list when the script sets it.
+# from visible_device_list when the script sets it. TF1's
+# tf.enable_eager_execution(config=config) goes too (TF2 is eager).
 
 from tfring.migrate._libcst import cst, m
 from tfring.migrate.findings import dotted_name
@@ -31,6 +32,16 @@ def _is_config_proto(node):
 def _is_set_session(node):
     name = dotted_name(node.func) if isinstance(node, cst.Call) else None
     return name is not None and name.split(".")[-1] == "set_session"
+
+
+def _is_eager_switch(statement):
+    """tf.enable_eager_execution(...) (TF1's switch, often given the session
+    config): TensorFlow 2 runs eagerly, so the statement just goes."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return False
+    name = dotted_name(small.value.func)
+    return name is not None and name.split(".")[-1] == "enable_eager_execution"
 
 
 def _rank_expression(value):
@@ -68,7 +79,7 @@ class GpuPinning(cst.CSTTransformer):
             return False
         if isinstance(small, cst.Expr) and _is_set_session(small.value):
             return True
-        return False
+        return _is_eager_switch(statement)
 
     def _rewrite_block(self, statements):
         for statement in statements:  # learn the config names and the rank
@@ -76,7 +87,7 @@ class GpuPinning(cst.CSTTransformer):
         result, inserted = [], False
         for statement in statements:
             if self._pinning_statement(statement):
-                if not inserted:
+                if not inserted and not _is_eager_switch(statement):
                     rank = (cst.Module([]).code_for_node(self.rank)
                             if self.rank is not None else self.default_rank)
                     block = cst.parse_module(_TF2_PINNING.format(rank=rank)).body

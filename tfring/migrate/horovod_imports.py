@@ -5,11 +5,11 @@
 # `import horovod` is only there for horovod.run(fn, np=N), the in-process
 # launcher: tfring is launched from outside (tfringrun -np N), so the call
 # becomes fn(*args, **kwargs) and the import goes. Imports of Horovod parts
-# tfring does not have (spark, ray, torch, ...) are left as they are and
-# reported by findings.py.
+# tfring does not have (spark, ray, torch, horovod.tensorflow.data, ...) are
+# left as they are and reported by findings.py.
 
 from tfring.migrate._libcst import cst, m
-from tfring.migrate.findings import dotted_name
+from tfring.migrate.findings import dotted_name, unsupported_feature
 
 # Longest prefix first.
 MODULE_MAP = (
@@ -20,7 +20,10 @@ MODULE_MAP = (
 
 
 def port_module_path(path):
-    """The tfring module for a Horovod module path, or None."""
+    """The tfring module for a Horovod module path, or None (also for the
+    parts tfring does not have, which findings.py reports)."""
+    if unsupported_feature(path) is not None:
+        return None
     for old, new in MODULE_MAP:
         if path == old or path.startswith(old + "."):
             return new + path[len(old):]
@@ -101,6 +104,13 @@ class HorovodImports(cst.CSTTransformer):
         if ported is None:
             return updated
         return updated.with_changes(module=_name_node(ported))
+
+    def visit_Attribute(self, node):
+        # A horovod.x.y chain is ported whole in leave_Attribute; porting its
+        # inner horovod.tensorflow first would turn an unsupported
+        # horovod.tensorflow.data into tfring.data.
+        path = dotted_name(node)
+        return path is None or not path.startswith("horovod.")
 
     def leave_Attribute(self, original, updated):
         path = dotted_name(updated)

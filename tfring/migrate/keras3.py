@@ -3,21 +3,20 @@
 #   model.compile(..., experimental_run_tf_function=False)  -> argument gone
 #   opt.variables() / model.variables()                      -> .variables
 #   keras.optimizers.SGD(lr=0.1)                             -> learning_rate=
-#   model.fit_generator / evaluate_generator / predict_generator -> fit / ...
 #   keras.preprocessing.image.ImageDataGenerator -> tf.keras.preprocessing.
 #     image.ImageDataGenerator (Keras 3 keeps it only in the tf.keras
-#     namespace, as a legacy class that still feeds model.fit)
+#     namespace, as a legacy class that still feeds model.fit); the same
+#     for `from keras.preprocessing import image` (then image.ImageDataGenerator)
+# The fit / evaluate / predict calls are training_calls.py's.
 
 from tfring.migrate._libcst import cst, m
 from tfring.migrate.findings import dotted_name
 
 REMOVED_COMPILE_ARGUMENTS = ("experimental_run_tf_function",)
-GENERATOR_METHODS = {"fit_generator": "fit",
-                     "evaluate_generator": "evaluate",
-                     "predict_generator": "predict"}
 OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adadelta", "Adagrad",
               "Adamax", "Nadam", "Ftrl", "Lion", "Adafactor")
 IMAGE_MODULES = ("keras.preprocessing.image", "tensorflow.keras.preprocessing.image")
+PREPROCESSING_PACKAGES = ("keras.preprocessing", "tensorflow.keras.preprocessing")
 
 
 def _drop_trailing_comma(args):
@@ -42,9 +41,6 @@ class Keras3(cst.CSTTransformer):
         if (m.matches(func, m.Attribute(attr=m.Name("variables")))
                 and not updated.args):
             return func
-        if isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_METHODS:
-            return updated.with_changes(func=func.with_changes(
-                attr=cst.Name(GENERATOR_METHODS[func.attr.value])))
         name = dotted_name(func) or ""
         if name.split(".")[-1] in OPTIMIZERS:
             args = [a.with_changes(keyword=cst.Name("learning_rate"))
@@ -68,4 +64,11 @@ class Keras3(cst.CSTTransformer):
             # tensorflow.keras.* resolves to Keras 3's tf.keras namespace.
             return updated.with_changes(module=cst.parse_expression(
                 "tensorflow.keras.preprocessing.image"))
+        if (path in PREPROCESSING_PACKAGES
+                and not isinstance(updated.names, cst.ImportStar)
+                and any(a.name.value == "image" for a in updated.names)):
+            # `from keras.preprocessing import image`: Keras 3's
+            # keras.preprocessing.image has no ImageDataGenerator.
+            return updated.with_changes(module=cst.parse_expression(
+                "tensorflow.keras.preprocessing"))
         return updated
