@@ -1,8 +1,16 @@
-# tfring: Horovod-style distributed training for TensorFlow 2 / Keras 3.
-# A script written for horovod.tensorflow runs after changing its import to
-# `import tfring as hvd`. This file only re-exports; each concern lives in its
-# own module (basics, process_sets, collectives, compression, functions,
-# sync_batch_norm, tape, ops, mpi_ops).
+# tfring: Horovod-style distributed training for TensorFlow 2 / Keras 3 (and
+# PyTorch: tfring.torch). A script written for horovod.tensorflow runs after
+# changing its import to `import tfring as hvd`. This file only re-exports;
+# each concern lives in its own module (basics, process_sets, collectives,
+# compression, functions, sync_batch_norm, tape, ops, mpi_ops).
+#
+# The TensorFlow front end is loaded on first use of one of its names
+# (PEP 562 module __getattr__), not by `import tfring`: tfring.torch shares
+# the package, and a PyTorch process must not load TensorFlow (besides the
+# time and memory, importing parts of torch after TensorFlow crashes some
+# torch releases). The TensorFlow-free basics load at once.
+
+import importlib as _importlib
 
 from tfring._version import __version__
 from tfring.basics import (
@@ -31,48 +39,49 @@ from tfring.basics import (
     start_timeline,
     stop_timeline,
 )
-from tfring.alltoall_reducescatter import (
-    alltoall,
-    grouped_allgather,
-    grouped_reducescatter,
-    reducescatter,
-)
-from tfring.collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allreduce,
-    broadcast,
-    grouped_allreduce,
-)
-from tfring.compression import Compression
-from tfring.join import join
-# Horovod's module of that name, for its internal `_basics` (see there).
-from tfring import mpi_ops
-from tfring.sync_batch_norm import SyncBatchNormalization
-from tfring.functions import (
-    allgather_object,
-    broadcast_,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_variables,
-)
-from tfring.ops import (
-    local_rank_op,
-    local_size_op,
-    process_set_included_op,
-    rank_op,
-    size_op,
-)
 from tfring.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
     remove_process_set,
 )
-from tfring.tape import DistributedGradientTape, PartialDistributedGradientTape
-from tfring.keras.optimizer import DistributedOptimizer
+from tfring.reduce_args import Adasum, Average, Max, Min, Product, Sum
+
+# name -> the module (TensorFlow front end) it is re-exported from.
+_TENSORFLOW_NAMES = {
+    **dict.fromkeys(["alltoall", "grouped_allgather", "grouped_reducescatter",
+                     "reducescatter"], "tfring.alltoall_reducescatter"),
+    **dict.fromkeys(["allgather", "allreduce", "broadcast",
+                     "grouped_allreduce"], "tfring.collectives"),
+    "Compression": "tfring.compression",
+    "join": "tfring.join",
+    "SyncBatchNormalization": "tfring.sync_batch_norm",
+    **dict.fromkeys(["allgather_object", "broadcast_",
+                     "broadcast_global_variables", "broadcast_object",
+                     "broadcast_variables"], "tfring.functions"),
+    **dict.fromkeys(["local_rank_op", "local_size_op",
+                     "process_set_included_op", "rank_op", "size_op"],
+                    "tfring.ops"),
+    **dict.fromkeys(["DistributedGradientTape",
+                     "PartialDistributedGradientTape"], "tfring.tape"),
+    "DistributedOptimizer": "tfring.keras.optimizer",
+}
+# Submodules scripts reach as attributes without importing them
+# (Horovod's mpi_ops for its internal `_basics`).
+_SUBMODULES = ("mpi_ops", "ops", "keras")
+
+
+def __getattr__(name):
+    if name in _TENSORFLOW_NAMES:
+        value = getattr(_importlib.import_module(_TENSORFLOW_NAMES[name]),
+                        name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"tfring.{name}")
+    else:
+        raise AttributeError(f"module 'tfring' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_TENSORFLOW_NAMES) | set(_SUBMODULES))

@@ -12,8 +12,12 @@
 #
 # Names: as in Horovod, an explicit name becomes "<collective>.<name>";
 # unnamed calls are numbered in call order ("allreduce.noname.<n>"), which
-# matches across ranks that make the same calls in the same order.
+# matches across ranks that make the same calls in the same order. Each
+# process set counts its own calls ("allreduce.noname.set<id>.<n>"), so
+# that collectives of a set that some ranks are not in do not shift the
+# numbers of the others.
 
+import collections
 import itertools
 import numbers
 
@@ -21,7 +25,7 @@ import torch
 
 from tfring import _core
 from tfring import basics
-from tfring import collectives as _tf_collectives
+from tfring import reduce_args as _reduce_args
 from tfring import errors as _errors
 from tfring import process_sets as _process_sets
 from tfring.process_sets import global_process_set
@@ -29,27 +33,32 @@ from tfring.torch import dtypes as _dtypes
 from tfring.torch import handles as _handles
 from tfring.torch.errors import HorovodInternalError
 
-Average = _tf_collectives.Average
-Sum = _tf_collectives.Sum
-Adasum = _tf_collectives.Adasum
-Min = _tf_collectives.Min
-Max = _tf_collectives.Max
-Product = _tf_collectives.Product
+Average = _reduce_args.Average
+Sum = _reduce_args.Sum
+Adasum = _reduce_args.Adasum
+Min = _reduce_args.Min
+Max = _reduce_args.Max
+Product = _reduce_args.Product
 
 _CollectiveType = _core.CollectiveType
 
-_counters = {"name": itertools.count(), "group": itertools.count(1)}
+_counters = {"names": collections.defaultdict(itertools.count),
+             "group": itertools.count(1)}
 
 
 def reset_names():
     """Restarts the numbering of unnamed collectives (at init(), as Horovod
     does, so every rank counts from the same point)."""
-    _counters["name"] = itertools.count()
+    _counters["names"].clear()
 
 
-def _tensor_name(kind, name, api_name):
+def _tensor_name(kind, name, api_name, process_set):
     if name is None:
-        return f"{kind}.noname.{next(_counters['name'])}"
+        set_id = getattr(process_set, "process_set_id", None) or 0
+        number = next(_counters["names"][set_id])
+        if set_id:
+            return f"{kind}.noname.set{set_id}.{number}"
+        return f"{kind}.noname.{number}"
     if not isinstance(name, str):
         raise TypeError(
             f"{api_name} received name={name!r} of type {type(name).__name__}."
@@ -58,8 +67,8 @@ def _tensor_name(kind, name, api_name):
     return f"{kind}.{name}"
 
 
-def _grouped_names(kind, name, count, api_name):
-    base = _tensor_name(kind, name, api_name)
+def _grouped_names(kind, name, count, api_name, process_set):
+    base = _tensor_name(kind, name, api_name, process_set)
     return [f"{base}_{i}" for i in range(count)]
 
 
@@ -146,12 +155,12 @@ def _submit(collective_type, names, inputs, dtypes, outputs, finish,
 
 
 def _reduction_args(op, average, prescale_factor, postscale_factor, api_name):
-    op = _tf_collectives.resolve_op(op, average, api_name)
+    op = _reduce_args.resolve_op(op, average, api_name)
     basics._check_initialized(api_name)
     return (op,
-            _tf_collectives.check_scale_factor(prescale_factor,
+            _reduce_args.check_scale_factor(prescale_factor,
                                                "prescale_factor", api_name),
-            _tf_collectives.check_scale_factor(postscale_factor,
+            _reduce_args.check_scale_factor(postscale_factor,
                                                "postscale_factor", api_name))
 
 
@@ -185,7 +194,7 @@ def allreduce_async(tensor, average=None, name=None, op=None,
     check_tensor(tensor, api_name, reduction=True)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _allreduce_async([tensor], [output],
-                            [_tensor_name("allreduce", name, api_name)], op,
+                            [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
                             process_set, api_name, single=True)
 
@@ -196,7 +205,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None,
     """allreduce_async() writing the result into `tensor` itself."""
     api_name = "allreduce_async_"
     return _allreduce_async([tensor], None,
-                            [_tensor_name("allreduce", name, api_name)], op,
+                            [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
                             process_set, api_name, single=True)
 
@@ -222,7 +231,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
                for t in tensors]
     return _allreduce_async(
         tensors, outputs,
-        _grouped_names("grouped_allreduce", name, len(tensors), api_name), op,
+        _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
         average, prescale_factor, postscale_factor, process_set, api_name,
         single=False)
 
@@ -235,7 +244,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
     tensors = _check_tensor_list(tensors, api_name)
     return _allreduce_async(
         tensors, None,
-        _grouped_names("grouped_allreduce", name, len(tensors), api_name), op,
+        _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
         average, prescale_factor, postscale_factor, process_set, api_name,
         single=False)
 
@@ -274,7 +283,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     dimension 0 (ranks may differ in that dimension only)."""
     api_name = "allgather_async"
     return _allgather_async([tensor],
-                            [_tensor_name("allgather", name, api_name)],
+                            [_tensor_name("allgather", name, api_name, process_set)],
                             process_set, api_name, single=True)
 
 
@@ -285,7 +294,7 @@ def grouped_allgather_async(tensors, name=None,
     tensors = _check_tensor_list(tensors, api_name)
     return _allgather_async(
         tensors, _grouped_names("grouped_allgather", name, len(tensors),
-                                api_name),
+                                api_name, process_set),
         process_set, api_name, single=False)
 
 
@@ -295,11 +304,11 @@ def grouped_allgather_async(tensors, name=None,
 def _broadcast_async(tensor, output, root_rank, name, process_set, api_name):
     basics._check_initialized(api_name)
     membership = _membership(process_set, api_name)
-    root_rank = _tf_collectives.check_root_rank(root_rank, api_name,
+    root_rank = _reduce_args.check_root_rank(root_rank, api_name,
                                                 membership)
     dtype = check_tensor(tensor, api_name)
     return _submit(_CollectiveType.broadcast,
-                   [_tensor_name("broadcast", name, api_name)], [tensor],
+                   [_tensor_name("broadcast", name, api_name, process_set)], [tensor],
                    [dtype], [output], lambda _: output,
                    root_rank=root_rank, process_set_id=membership.id)
 
@@ -371,7 +380,7 @@ def alltoall_async(tensor, splits=None, name=None,
         return _handles.output_tensor(pending[0], torch_dtype), received
 
     return _submit(_CollectiveType.alltoall,
-                   [_tensor_name("alltoall", name, api_name)], [tensor],
+                   [_tensor_name("alltoall", name, api_name, process_set)], [tensor],
                    [dtype], None, finish, splits=split_list,
                    process_set_id=membership.id)
 
@@ -385,7 +394,7 @@ def _reducescatter_async(tensors, names, op, prescale_factor,
                                     postscale_factor, api_name)
     if op not in (Average, Sum):
         raise ValueError(
-            f"{api_name} received op={_tf_collectives.reduce_op_name(op)}, "
+            f"{api_name} received op={_reduce_args.reduce_op_name(op)}, "
             "which reducescatter does not implement. Expected Average or "
             "Sum. Pass op=hvd.Average or op=hvd.Sum.")
     membership = _membership(process_set, api_name)
@@ -403,7 +412,7 @@ def reducescatter_async(tensor, name=None, op=Average,
     dimension 0 (earlier ranks get one more row when it does not divide)."""
     api_name = "reducescatter_async"
     return _reducescatter_async(
-        [tensor], [_tensor_name("reducescatter", name, api_name)], op,
+        [tensor], [_tensor_name("reducescatter", name, api_name, process_set)], op,
         prescale_factor, postscale_factor, process_set, api_name, single=True)
 
 
@@ -415,7 +424,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average,
     tensors = _check_tensor_list(tensors, api_name)
     return _reducescatter_async(
         tensors, _grouped_names("grouped_reducescatter", name, len(tensors),
-                                api_name),
+                                api_name, process_set),
         op, prescale_factor, postscale_factor, process_set, api_name,
         single=False)
 

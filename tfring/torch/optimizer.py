@@ -86,7 +86,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.__dict__["inner_optimizer"] = optimizer
         self._compression = compression
         self.backward_passes_per_step = int(backward_passes_per_step)
-        self.op = _c._tf_collectives.resolve_op(op, None,
+        self.op = _c._reduce_args.resolve_op(op, None,
                                                 "DistributedOptimizer")
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
