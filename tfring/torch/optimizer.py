@@ -68,7 +68,8 @@ class _SparseAllreduce:
     def result(self):
         values = synchronize(self._values)
         indices = synchronize(self._indices).t()
-        total = torch.sparse_coo_tensor(indices, values, self._shape)
+        total = torch.sparse_coo_tensor(indices, values, self._shape,
+                                        check_invariants=True)
         total = total.coalesce()
         if self._op == _c.Average:
             total = total / self._set_size
