@@ -1,12 +1,14 @@
-# tfring: Horovod-style distributed training for TensorFlow 2 / Keras 3.
-# A script written for horovod.tensorflow runs after changing its import to
-# `import tfring as hvd`. This file only re-exports; each concern lives in its
-# own module (basics, process_sets, collectives, compression, functions,
-# sync_batch_norm, tape, ops, mpi_ops).
+# tfring: Horovod-style distributed training for TensorFlow 2 / Keras 3 (and
+# PyTorch: tfring.torch). A script written for horovod.tensorflow runs after
+# changing its import to `import tfring as hvd`. This file only re-exports;
+# each concern lives in its own module (basics, process_sets, collectives,
+# compression, functions, sync_batch_norm, tape, ops, mpi_ops).
 #
 # Why the API loads on first use: the tools in this package (`tfringrun`,
-# `python -m tfring.timeline`) never need TensorFlow, but Python runs this
-# file before any of them. So `import tfring` binds only the names below;
+# `python -m tfring.timeline`) and the PyTorch front end (tfring.torch) never
+# need TensorFlow, but Python runs this file before any of them (and a
+# PyTorch process must not load TensorFlow: importing parts of torch after it
+# crashes some torch releases). So `import tfring` binds only the names below;
 # the first one used (`hvd.init`, `from tfring import allreduce`) imports the
 # module that defines it, and with it TensorFlow and the version check
 # (tfring/_version_check.py), whose ImportError then names both versions.
@@ -38,8 +40,8 @@ for _module, _names in {
                "start_timeline", "stop_timeline"],
     "alltoall_reducescatter": ["alltoall", "grouped_allgather", "grouped_reducescatter",
                                "reducescatter"],
-    "collectives": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather",
-                    "allreduce", "broadcast", "grouped_allreduce"],
+    "reduce_args": ["Adasum", "Average", "Max", "Min", "Product", "Sum"],
+    "collectives": ["allgather", "allreduce", "broadcast", "grouped_allreduce"],
     "compression": ["Compression"],
     "joining": ["join"],
     "sync_batch_norm": ["SyncBatchNormalization"],

@@ -2,8 +2,9 @@
 // shutdown, process sets, topology, configuration) and of the enums shared
 // with C++.
 //
-// No logic lives here and no tensor data passes through it: collectives go
-// through the TensorFlow op library. Core Status errors become exceptions at
+// No logic lives here. TensorFlow's collectives go through the op library;
+// other frameworks' (tfring.torch) hand host buffers to the core through
+// buffer_collectives_binding.h, bound here too. Core Status errors become exceptions at
 // this boundary, the only place they are thrown: InvalidArgument (a bad
 // argument, e.g. process sets that differ between ranks) as ValueError,
 // everything else as RuntimeError. Calls that wait for the other ranks
@@ -19,6 +20,7 @@
 #include "cc/api.h"
 #include "cc/common.h"
 #include "cc/config.h"
+#include "tfring/buffer_collectives_binding.h"
 
 namespace py = pybind11;
 
@@ -188,4 +190,5 @@ PYBIND11_MODULE(_core, m) {
       },
       "The effective TFRING_* configuration: env, value, default, doc, scope for each knob (while "
       "initialized, the job-wide knobs hold rank 0's values).");
+  tfring::buffer_collectives::BindBufferCollectives(m);
 }

@@ -16,8 +16,6 @@
 
 import numbers
 
-import tensorflow as tf
-
 from tfring import _core
 from tfring import _running
 
@@ -238,6 +236,10 @@ def resolve(process_set, api_name, allow_outside=False):
             return Membership(process_set, process_set.process_set_id, ranks,
                               included=False)
         if me not in ranks:
+            # TensorFlow's error for TensorFlow's collectives; imported here
+            # so that tfring.torch, which passes allow_outside, never loads
+            # TensorFlow.
+            import tensorflow as tf
             raise tf.errors.InvalidArgumentError(
                 None, None,
                 f"{api_name} was called on rank {me} with process_set="

@@ -4,7 +4,11 @@
 #   1. creates .venv in the repo root (python3 -m venv) if it is missing;
 #   2. installs requirements-dev.txt (the Open MPI wheel, mpi4py, pybind11, ...)
 #      and a TensorFlow only if none is importable in the venv:
-#      ${TFRING_TF_PACKAGE:-tensorflow-cpu==2.21.0};
+#      ${TFRING_TF_PACKAGE:-tensorflow-cpu==2.21.0}, and, for the tests and
+#      examples of tfring.torch only (tfring itself does not need it), a torch
+#      only if none is importable: ${TFRING_TORCH_PACKAGE:-torch}, from
+#      PyTorch's CPU wheel index when that index can be reached (a smaller
+#      download), else the plain PyPI wheel (CPU-usable too);
 #   3. installs tfring into the venv (pip install --no-build-isolation --no-deps .);
 #   4. builds the native libraries in the source tree too (setup.py build_ext
 #      --inplace), because `python -m pytest` run from the repo root imports
@@ -32,6 +36,18 @@ if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("te
   tf_package="${TFRING_TF_PACKAGE:-tensorflow-cpu==2.21.0}"
   say "no TensorFlow in .venv: installing $tf_package"
   "$PY" -m pip install -q "$tf_package"
+fi
+
+if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then
+  torch_package="${TFRING_TORCH_PACKAGE:-torch}"
+  torch_cpu_index=https://download.pytorch.org/whl/cpu
+  if curl -fsS --max-time 5 -o /dev/null "$torch_cpu_index/" 2>/dev/null; then
+    say "no torch in .venv: installing $torch_package from $torch_cpu_index (tests and examples of tfring.torch)"
+    "$PY" -m pip install -q --extra-index-url "$torch_cpu_index" "$torch_package"
+  else
+    say "no torch in .venv: installing $torch_package (tests and examples of tfring.torch)"
+    "$PY" -m pip install -q "$torch_package"
+  fi
 fi
 
 say "building and installing tfring"

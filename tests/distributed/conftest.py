@@ -13,6 +13,9 @@ import sys
 import pytest
 import tensorflow as tf
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rank_failures  # noqa: E402  (tests/rank_failures.py)
+
 # Must run before TensorFlow creates its thread pools (the first op).
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -20,45 +23,8 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import tfring  # noqa: E402
 
 
-def _world():
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "requires_ranks(n): skip unless at least n ranks take part")
-
-
-def _abort_on_failure(report, what):
-    comm = _world()
-    if comm.Get_size() == 1:
-        return
-    text = getattr(report, "longreprtext", "") or str(report.longrepr)
-    sys.stderr.write(
-        f"\n===== tfring test {what} on rank {comm.Get_rank()} of "
-        f"{comm.Get_size()}: {report.nodeid} ({report.when}) =====\n"
-        f"{text}\n===== aborting the MPI job so no rank hangs =====\n")
-    sys.stderr.flush()
-    sys.stdout.flush()
-    comm.Abort(1)
-
-
-def pytest_runtest_logreport(report):
-    if report.failed:
-        _abort_on_failure(report, "failure")
-
-
-def pytest_collectreport(report):
-    if report.failed:
-        _abort_on_failure(report, "collection error")
-
-
-def pytest_runtest_setup(item):
-    marker = item.get_closest_marker("requires_ranks")
-    if marker is not None and _world().Get_size() < marker.args[0]:
-        pytest.skip(f"needs at least {marker.args[0]} ranks")
+(pytest_configure, pytest_runtest_logreport, pytest_collectreport,
+ pytest_runtest_setup) = rank_failures.pytest_hooks()
 
 
 @pytest.fixture(scope="session", autouse=True)

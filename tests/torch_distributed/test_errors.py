@@ -1,0 +1,130 @@
+# tfring.torch errors at any number of ranks: what one rank can get wrong
+# alone fails in Python before C++ with a message that says what, what was
+# expected and how to fix it; what ranks disagree about fails in
+# synchronize() on every rank with HorovodInternalError naming the tensor,
+# the field and which ranks held which value; collectives work afterwards.
+
+import pytest
+import torch
+
+import tfring.torch as hvd
+
+
+def _still_works(size):
+    result = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after_error")
+    assert torch.equal(result, torch.full((2,), float(size)))
+
+
+def test_non_contiguous_tensor():
+    tensor = torch.arange(6.0).view(2, 3).t()
+    with pytest.raises(ValueError, match="non-contiguous.*tensor.contiguous"):
+        hvd.allreduce(tensor)
+    with pytest.raises(ValueError, match="non-contiguous"):
+        hvd.allreduce_async_(tensor)
+    with pytest.raises(ValueError, match="non-contiguous"):
+        hvd.allgather(tensor)
+
+
+def test_tensor_not_on_the_cpu():
+    tensor = torch.zeros(2, device="meta")
+    with pytest.raises(ValueError, match="CPU tensors only; GPU tensors are "
+                       "not supported yet.*tensor.cpu"):
+        hvd.allreduce(tensor)
+    with pytest.raises(ValueError, match="device 'meta'"):
+        hvd.broadcast_(tensor, 0)
+
+
+def test_unsupported_dtypes():
+    with pytest.raises(TypeError, match="complex64.*cannot move.*Expected "
+                       "one of"):
+        hvd.allgather(torch.zeros(2, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="int16.*cannot reduce"):
+        hvd.allreduce(torch.zeros(2, dtype=torch.int16))
+    with pytest.raises(TypeError, match="Expected a torch.Tensor"):
+        hvd.allreduce([1.0, 2.0])
+
+
+def test_sparse_tensor():
+    sparse = torch.zeros(3, 3).to_sparse()
+    with pytest.raises(ValueError, match="layout.*to_dense"):
+        hvd.allreduce(sparse)
+
+
+def test_bad_arguments(size):
+    with pytest.raises(ValueError, match=f"root_rank={size}.*only {size} "
+                       "ranks"):
+        hvd.broadcast(torch.zeros(1), root_rank=size)
+    with pytest.raises(ValueError, match="reducescatter does not implement"):
+        hvd.reducescatter(torch.zeros(size), op=hvd.Max)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(torch.zeros(1), op=hvd.Adasum)
+    with pytest.raises(TypeError, match="Expected a str"):
+        hvd.allreduce(torch.zeros(1), name=3)
+    with pytest.raises(TypeError, match="Expected the handle"):
+        hvd.synchronize(7)
+    with pytest.raises(TypeError, match="splits"):
+        hvd.alltoall(torch.zeros(size), splits="a")
+    _still_works(size)
+
+
+@pytest.mark.requires_ranks(2)
+@pytest.mark.parametrize("field", ["shape", "dtype", "op", "root"])
+def test_mismatch_fails_on_every_rank(field, rank, size):
+    name = f"mismatch_{field}"
+    with pytest.raises(hvd.HorovodInternalError) as caught:
+        if field == "shape":
+            hvd.allreduce(torch.zeros(2 if rank == 0 else 3), name=name)
+        elif field == "dtype":
+            hvd.allreduce(torch.zeros(2, dtype=torch.float32 if rank == 0
+                                      else torch.float64), name=name)
+        elif field == "op":
+            hvd.allreduce(torch.zeros(2), name=name,
+                          op=hvd.Sum if rank == 0 else hvd.Max)
+        else:
+            hvd.broadcast(torch.zeros(2), root_rank=0 if rank == 0 else 1,
+                          name=name)
+    message = str(caught.value)
+    assert name in message, message
+    assert "rank 0" in message, message
+    assert isinstance(caught.value, RuntimeError)
+    _still_works(size)
+
+
+@pytest.mark.requires_ranks(2)
+def test_alltoall_bad_splits_fail_on_every_rank(rank, size):
+    splits = [1] * size
+    if rank == 1:
+        splits[0] = 5  # more rows than the tensor has
+    with pytest.raises(hvd.HorovodInternalError, match="split"):
+        hvd.alltoall(torch.zeros(size), splits=splits, name="bad_splits")
+    _still_works(size)
+
+
+@pytest.mark.requires_ranks(2)
+def test_duplicate_name_in_flight(rank, size):
+    # Rank 0's first "twice" stays in flight until the others submit theirs,
+    # which they do only after rank 0 has tried the name again.
+    from mpi4py import MPI
+    tensor = torch.zeros(4)
+    if rank == 0:
+        first = hvd.allreduce_async(tensor, name="twice")
+        with pytest.raises(ValueError, match="already in flight"):
+            hvd.allreduce_async(tensor, name="twice")
+        MPI.COMM_WORLD.Barrier()
+    else:
+        MPI.COMM_WORLD.Barrier()
+        first = hvd.allreduce_async(tensor, name="twice")
+    hvd.synchronize(first)
+    _still_works(size)
+
+
+def test_not_initialized_after_shutdown(size):
+    hvd.shutdown()
+    try:
+        with pytest.raises(ValueError, match="shut down.*init"):
+            hvd.allreduce(torch.zeros(1))
+        with pytest.raises(ValueError, match="shut down"):
+            hvd.rank()
+    finally:
+        hvd.init()
+    _still_works(size)

@@ -1,0 +1,434 @@
+# The asynchronous and in-place collectives of tfring.torch, with
+# horovod.torch's signatures: each checks its tensors, names them, hands
+# their memory to the core and returns a Handle (tfring.torch.handles).
+#
+# Why this shape: nothing here is compiled against torch. A tensor reaches
+# the core as the address of its contiguous CPU memory (tensor.data_ptr()),
+# through the same pybind11 module and the same core as the TensorFlow ops;
+# outputs of unknown size come back as buffers the core allocated, viewed as
+# tensors without a copy. Everything that can be wrong on one rank alone
+# (dtype, device, layout, process set, root rank) fails here, before C++;
+# what ranks disagree about fails in synchronize() on every rank involved.
+#
+# Names: as in Horovod, an explicit name becomes "<collective>.<name>";
+# unnamed calls are numbered in call order ("allreduce.noname.<n>"), which
+# matches across ranks that make the same calls in the same order. Each
+# process set counts its own calls ("allreduce.noname.set<id>.<n>"), so
+# that collectives of a set that some ranks are not in do not shift the
+# numbers of the others.
+
+import collections
+import itertools
+import numbers
+
+import torch
+
+from tfring import _core
+from tfring import basics
+from tfring import reduce_args as _reduce_args
+from tfring import errors as _errors
+from tfring import process_sets as _process_sets
+from tfring.process_sets import global_process_set
+from tfring.torch import dtypes as _dtypes
+from tfring.torch import handles as _handles
+from tfring.torch.errors import HorovodInternalError
+
+Average = _reduce_args.Average
+Sum = _reduce_args.Sum
+Adasum = _reduce_args.Adasum
+Min = _reduce_args.Min
+Max = _reduce_args.Max
+Product = _reduce_args.Product
+
+_CollectiveType = _core.CollectiveType
+
+_counters = {"names": collections.defaultdict(itertools.count),
+             "group": itertools.count(1)}
+
+
+def reset_names():
+    """Restarts the numbering of unnamed collectives (at init(), as Horovod
+    does, so every rank counts from the same point)."""
+    _counters["names"].clear()
+
+
+def _tensor_name(kind, name, api_name, process_set):
+    if name is None:
+        set_id = getattr(process_set, "process_set_id", None) or 0
+        number = next(_counters["names"][set_id])
+        if set_id:
+            return f"{kind}.noname.set{set_id}.{number}"
+        return f"{kind}.noname.{number}"
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{api_name} received name={name!r} of type {type(name).__name__}."
+            " Expected a str identical on every rank, or None for an "
+            "automatic name. Pass a string.")
+    return f"{kind}.{name}"
+
+
+def _grouped_names(kind, name, count, api_name, process_set):
+    base = _tensor_name(kind, name, api_name, process_set)
+    return [f"{base}_{i}" for i in range(count)]
+
+
+def check_tensor(tensor, api_name, reduction=False):
+    """The core DataType of `tensor` after checking that the core can use its
+    memory as it is: a dense, contiguous CPU tensor of a supported dtype."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            f"{api_name} received {type(tensor).__name__} {tensor!r:.80}. "
+            "Expected a torch.Tensor. Pass a tensor (e.g. torch.tensor(x)).")
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"{api_name} received a tensor on device '{tensor.device}'. "
+            "tfring.torch runs collectives on CPU tensors only; GPU tensors "
+            "are not supported yet. Move the tensor to the CPU first "
+            "(tensor.cpu()) and the result back (result.to(device)).")
+    if tensor.layout != torch.strided:
+        raise ValueError(
+            f"{api_name} received a tensor with layout {tensor.layout}. "
+            "Expected a dense (torch.strided) tensor. Pass "
+            "tensor.to_dense(), or use sparse_as_dense=True in "
+            "DistributedOptimizer.")
+    if not tensor.is_contiguous():
+        raise ValueError(
+            f"{api_name} received a non-contiguous tensor (shape "
+            f"{list(tensor.shape)}, strides {list(tensor.stride())}). The core "
+            "reads and writes a tensor's memory as one block, so it must be "
+            "contiguous. Pass tensor.contiguous() (for an in-place form, copy "
+            "the result back with tensor.copy_(result)).")
+    return _dtypes.core_dtype(tensor, api_name, reduction)
+
+
+def _membership(process_set, api_name):
+    membership = _process_sets.resolve(process_set, api_name,
+                                       allow_outside=True)
+    if not membership.included:
+        me = basics.rank()
+        raise ValueError(
+            f"{api_name} was called on rank {me} with process_set="
+            f"{process_set}, which does not contain rank {me}. Only the ranks "
+            "of a set take part in its collectives (the others would wait "
+            f"forever for rank {me}). Call it only where "
+            "process_set.included() is True, or pass a set with this rank.")
+    return membership
+
+
+def _check_tensor_list(tensors, api_name):
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors,
+                                                           (list, tuple)):
+        raise TypeError(
+            f"{api_name} received {type(tensors).__name__}. Expected a list "
+            "of tensors. Pass e.g. [t1, t2].")
+    return list(tensors)
+
+
+def _enqueue(collective_type, name, tensor, dtype, **fields):
+    """One tensor to the core; the PendingCollective."""
+    try:
+        return _core.enqueue(collective_type, name, dtype, list(tensor.shape),
+                             tensor.data_ptr(), **fields)
+    except RuntimeError as e:
+        raise HorovodInternalError(str(e)) from None
+
+
+def _submit(collective_type, names, inputs, dtypes, outputs, finish,
+            **fields):
+    """Every tensor of one call to the core, as one group when several (the
+    core negotiates a group in one round); the Handle."""
+    group = {}
+    if len(inputs) > 1:
+        group = {"group_key": next(_counters["group"]),
+                 "group_size": len(inputs)}
+    pending = []
+    for i, (name, tensor, dtype) in enumerate(zip(names, inputs, dtypes)):
+        output = outputs[i] if outputs is not None else None
+        if output is not None:
+            fields["output"] = output.data_ptr()
+        pending.append(_enqueue(collective_type, name, tensor, dtype,
+                                **group, **fields))
+    return _handles.Handle(pending, (inputs, outputs), finish)
+
+
+# --- allreduce ------------------------------------------------------------
+
+
+def _reduction_args(op, average, prescale_factor, postscale_factor, api_name):
+    op = _reduce_args.resolve_op(op, average, api_name)
+    basics._check_initialized(api_name)
+    return (op,
+            _reduce_args.check_scale_factor(prescale_factor,
+                                               "prescale_factor", api_name),
+            _reduce_args.check_scale_factor(postscale_factor,
+                                               "postscale_factor", api_name))
+
+
+def _allreduce_async(tensors, outputs, names, op, average, prescale_factor,
+                     postscale_factor, process_set, api_name, single):
+    op, pre, post = _reduction_args(op, average, prescale_factor,
+                                    postscale_factor, api_name)
+    membership = _membership(process_set, api_name)
+    dtypes = [check_tensor(t, api_name, reduction=True) for t in tensors]
+    results = outputs if outputs is not None else tensors
+
+    def finish(_):
+        return results[0] if single else list(results)
+
+    return _submit(_CollectiveType.allreduce, names, tensors, dtypes,
+                   results, finish, reduce_op=_core.ReduceOp(op),
+                   prescale_factor=pre, postscale_factor=post,
+                   process_set_id=membership.id)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None,
+                    prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts reducing `tensor` over the ranks of `process_set` into a new
+    tensor (the input is not modified); returns a handle for synchronize().
+
+    op: Average (default), Sum, Min, Max or Product; prescale_factor and
+    postscale_factor multiply the values before and after the reduction.
+    """
+    api_name = "allreduce_async"
+    check_tensor(tensor, api_name, reduction=True)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_async([tensor], [output],
+                            [_tensor_name("allreduce", name, api_name, process_set)], op,
+                            average, prescale_factor, postscale_factor,
+                            process_set, api_name, single=True)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None,
+                     prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """allreduce_async() writing the result into `tensor` itself."""
+    api_name = "allreduce_async_"
+    return _allreduce_async([tensor], None,
+                            [_tensor_name("allreduce", name, api_name, process_set)], op,
+                            average, prescale_factor, postscale_factor,
+                            process_set, api_name, single=True)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Reduces `tensor` in place over the ranks; returns it."""
+    return _handles.synchronize(allreduce_async_(
+        tensor, average, name, op, prescale_factor, postscale_factor,
+        process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None,
+                            prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """allreduce_async() of a list of tensors negotiated and fused together;
+    synchronize() returns the list of results."""
+    api_name = "grouped_allreduce_async"
+    tensors = _check_tensor_list(tensors, api_name)
+    for t in tensors:
+        check_tensor(t, api_name, reduction=True)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format)
+               for t in tensors]
+    return _allreduce_async(
+        tensors, outputs,
+        _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
+        average, prescale_factor, postscale_factor, process_set, api_name,
+        single=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
+                             prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
+    """grouped_allreduce_async() writing each result into its input."""
+    api_name = "grouped_allreduce_async_"
+    tensors = _check_tensor_list(tensors, api_name)
+    return _allreduce_async(
+        tensors, None,
+        _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
+        average, prescale_factor, postscale_factor, process_set, api_name,
+        single=False)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None,
+                       prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    """Reduces each tensor of the list in place; returns the list."""
+    return _handles.synchronize(grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor,
+        process_set))
+
+
+# --- allgather ------------------------------------------------------------
+
+
+def _gathered(dtypes_in_torch, single):
+    def finish(pending):
+        outputs = [_handles.output_tensor(p, d)
+                   for p, d in zip(pending, dtypes_in_torch)]
+        return outputs[0] if single else outputs
+    return finish
+
+
+def _allgather_async(tensors, names, process_set, api_name, single):
+    basics._check_initialized(api_name)
+    membership = _membership(process_set, api_name)
+    dtypes = [check_tensor(t, api_name) for t in tensors]
+    return _submit(_CollectiveType.allgather, names, tensors, dtypes, None,
+                   _gathered([t.dtype for t in tensors], single),
+                   process_set_id=membership.id)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating `tensor` from every rank of the set along
+    dimension 0 (ranks may differ in that dimension only)."""
+    api_name = "allgather_async"
+    return _allgather_async([tensor],
+                            [_tensor_name("allgather", name, api_name, process_set)],
+                            process_set, api_name, single=True)
+
+
+def grouped_allgather_async(tensors, name=None,
+                            process_set=global_process_set):
+    """allgather_async() of a list of tensors, negotiated together."""
+    api_name = "grouped_allgather_async"
+    tensors = _check_tensor_list(tensors, api_name)
+    return _allgather_async(
+        tensors, _grouped_names("grouped_allgather", name, len(tensors),
+                                api_name, process_set),
+        process_set, api_name, single=False)
+
+
+# --- broadcast ------------------------------------------------------------
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set, api_name):
+    basics._check_initialized(api_name)
+    membership = _membership(process_set, api_name)
+    root_rank = _reduce_args.check_root_rank(root_rank, api_name,
+                                                membership)
+    dtype = check_tensor(tensor, api_name)
+    return _submit(_CollectiveType.broadcast,
+                   [_tensor_name("broadcast", name, api_name, process_set)], [tensor],
+                   [dtype], [output], lambda _: output,
+                   root_rank=root_rank, process_set_id=membership.id)
+
+
+def broadcast_async(tensor, root_rank, name=None,
+                    process_set=global_process_set):
+    """Starts copying `root_rank`'s `tensor` to every rank of the set into a
+    new tensor (the input is not modified)."""
+    check_tensor(tensor, "broadcast_async")
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _broadcast_async(tensor, output, root_rank, name, process_set,
+                            "broadcast_async")
+
+
+def broadcast_async_(tensor, root_rank, name=None,
+                     process_set=global_process_set):
+    """broadcast_async() writing root_rank's values into `tensor` itself."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set,
+                            "broadcast_async_")
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Overwrites `tensor` with root_rank's values; returns it."""
+    return _handles.synchronize(broadcast_async_(tensor, root_rank, name,
+                                                 process_set))
+
+
+# --- alltoall -------------------------------------------------------------
+
+
+def _split_list(splits, api_name):
+    if splits is None:
+        return []
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.dtype.is_floating_point or \
+                splits.dtype == torch.bool:
+            raise ValueError(
+                f"{api_name} received splits of dtype {splits.dtype} and shape "
+                f"{list(splits.shape)}. Expected a 1-D integer tensor with one "
+                "entry per rank of the set. Pass e.g. torch.tensor([2, 1], "
+                "dtype=torch.int32).")
+        return [int(s) for s in splits.tolist()]
+    if isinstance(splits, (list, tuple)) and all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool)
+            for s in splits):
+        return [int(s) for s in splits]
+    raise TypeError(
+        f"{api_name} received splits={splits!r}. Expected None (split "
+        "dimension 0 evenly), a list of ints or a 1-D integer tensor with one "
+        "entry per rank of the set. Pass one of those.")
+
+
+def alltoall_async(tensor, splits=None, name=None,
+                   process_set=global_process_set):
+    """Starts sending splits[i] rows of `tensor` (dimension 0) to rank i of
+    the set and receiving theirs; synchronize() returns (output,
+    received_splits), the latter an int32 tensor of the rows from each rank.
+    """
+    api_name = "alltoall_async"
+    basics._check_initialized(api_name)
+    membership = _membership(process_set, api_name)
+    split_list = _split_list(splits, api_name)
+    dtype = check_tensor(tensor, api_name)
+    torch_dtype = tensor.dtype
+
+    def finish(pending):
+        received = torch.tensor(list(pending[0].received_splits()),
+                                dtype=torch.int32)
+        return _handles.output_tensor(pending[0], torch_dtype), received
+
+    return _submit(_CollectiveType.alltoall,
+                   [_tensor_name("alltoall", name, api_name, process_set)], [tensor],
+                   [dtype], None, finish, splits=split_list,
+                   process_set_id=membership.id)
+
+
+# --- reducescatter --------------------------------------------------------
+
+
+def _reducescatter_async(tensors, names, op, prescale_factor,
+                         postscale_factor, process_set, api_name, single):
+    op, pre, post = _reduction_args(op, None, prescale_factor,
+                                    postscale_factor, api_name)
+    if op not in (Average, Sum):
+        raise ValueError(
+            f"{api_name} received op={_reduce_args.reduce_op_name(op)}, "
+            "which reducescatter does not implement. Expected Average or "
+            "Sum. Pass op=hvd.Average or op=hvd.Sum.")
+    membership = _membership(process_set, api_name)
+    dtypes = [check_tensor(t, api_name, reduction=True) for t in tensors]
+    return _submit(_CollectiveType.reducescatter, names, tensors, dtypes,
+                   None, _gathered([t.dtype for t in tensors], single),
+                   reduce_op=_core.ReduceOp(op), prescale_factor=pre,
+                   postscale_factor=post, process_set_id=membership.id)
+
+
+def reducescatter_async(tensor, name=None, op=Average,
+                        process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts reducing `tensor` over the set and keeping this rank's block of
+    dimension 0 (earlier ranks get one more row when it does not divide)."""
+    api_name = "reducescatter_async"
+    return _reducescatter_async(
+        [tensor], [_tensor_name("reducescatter", name, api_name, process_set)], op,
+        prescale_factor, postscale_factor, process_set, api_name, single=True)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average,
+                                process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter_async() of a list of tensors, negotiated together."""
+    api_name = "grouped_reducescatter_async"
+    tensors = _check_tensor_list(tensors, api_name)
+    return _reducescatter_async(
+        tensors, _grouped_names("grouped_reducescatter", name, len(tensors),
+                                api_name, process_set),
+        op, prescale_factor, postscale_factor, process_set, api_name,
+        single=False)
+
+
+def unsupported(api_name, what):
+    """The error for a Horovod feature tfring does not have."""
+    return _errors.UnsupportedOperationError(f"{api_name}: {what}")
