@@ -4,7 +4,7 @@ tfring has three native artefacts (see docs/layout.md), and on Linux a
 library tfringrun preloads into mpirun:
 
   tfring/libtfring_core.so      cc/**/*.cc, links MPI           RUNPATH: the MPI libdir
-  tfring/_core<EXT_SUFFIX>      tfring/_core_module.cc       RUNPATH: $ORIGIN
+  tfring/_core<EXT_SUFFIX>      tfring/binding/core_module.cc  RUNPATH: $ORIGIN
   tfring/ops/libtfring_ops.so   tfring/ops/kernels/*.cc      RUNPATH: $ORIGIN/..:$ORIGIN/../../tensorflow
   tfring/launcher/libtfring_loopback_listeners.so  tfring/launcher/preload/loopback_listeners.cc
                                 (libc only)
@@ -478,7 +478,7 @@ class build_ext(_setuptools_build_ext):
         rpath_link = [f"-Wl,-rpath-link,{d}" for d in mpi_libdirs]
 
         core_sources = sources("cc/**/*.cc")
-        module_source = "tfring/_core_module.cc"
+        module_source = "tfring/binding/core_module.cc"
         have_module = (ROOT / module_source).is_file()
         kernel_sources = sources("tfring/ops/kernels/*.cc")
         preload_jobs = {name: CompileJob(source, common)
@@ -600,7 +600,7 @@ setup(
     packages=find_packages(include=["tfring", "tfring.*"]),
     # Placeholder so setuptools runs build_ext and tags the wheel as binary;
     # the custom build_ext above builds all three native artefacts.
-    ext_modules=[Extension("tfring._core", sources=["tfring/_core_module.cc"])],
+    ext_modules=[Extension("tfring._core", sources=["tfring/binding/core_module.cc"])],
     cmdclass={"build_ext": build_ext},
     # TensorFlow is deliberately absent: users pick tensorflow, tensorflow-cpu or
     # tensorflow[and-cuda], and tfring is built against whichever is installed.

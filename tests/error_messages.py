@@ -66,7 +66,7 @@ def _python_messages(path):
         if call is None or not call.args:
             continue
         text = _python_text(call.args[0])
-        if text and text.strip("{} "):
+        if text and any(c.isalpha() for c in text.replace("{}", "")):
             yield call.lineno, text
 
 

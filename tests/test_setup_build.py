@@ -66,7 +66,7 @@ def runpath(lib):
 @pytest.fixture
 def project(tmp_path):
     (tmp_path / "cc").mkdir()
-    (tmp_path / "tfring").mkdir()
+    (tmp_path / "tfring" / "binding").mkdir(parents=True)
     (tmp_path / "setup.py").write_text((ROOT / "setup.py").read_text())
     # setup.py reads the package version from here.
     (tmp_path / "tfring" / "_version.py").write_text(
@@ -75,7 +75,7 @@ def project(tmp_path):
     (tmp_path / "cc" / "answer.h").write_text(ANSWER_H)
     (tmp_path / "cc" / "core.cc").write_text(CORE_CC)
     (tmp_path / "cc" / "other.cc").write_text(OTHER_CC)
-    (tmp_path / "tfring" / "_core_module.cc").write_text(MODULE_OK)
+    (tmp_path / "tfring" / "binding" / "core_module.cc").write_text(MODULE_OK)
     # Reuse the real tree's TensorFlow probe (importing TensorFlow takes seconds).
     probe = ROOT / "build" / "obj" / "tensorflow.json"
     if probe.is_file():
@@ -87,7 +87,7 @@ def project(tmp_path):
 def test_incremental_build(project):
     proc, _ = build(project)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert compiled(proc) == ["cc/core.cc", "cc/other.cc", "tfring/_core_module.cc"]
+    assert compiled(proc) == ["cc/core.cc", "cc/other.cc", "tfring/binding/core_module.cc"]
     core = project / "tfring" / "libtfring_core.so"
     assert core.is_file()
     assert (project / "tfring" / "_build_info.py").is_file()
@@ -142,7 +142,7 @@ def test_runpaths_and_soname(project):
 
 
 def test_unexported_symbol_is_a_build_error(project):
-    (project / "tfring" / "_core_module.cc").write_text(MODULE_BAD)
+    (project / "tfring" / "binding" / "core_module.cc").write_text(MODULE_BAD)
     proc, _ = build(project)
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr

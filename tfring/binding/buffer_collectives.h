@@ -10,8 +10,8 @@
 // data path stays free of the GIL. Outputs whose size only the core knows
 // (allgather, alltoall, reducescatter) are allocated here, when the core
 // asks for them, and handed to the front end afterwards without a copy.
-#ifndef TFRING_BUFFER_COLLECTIVES_H_
-#define TFRING_BUFFER_COLLECTIVES_H_
+#ifndef TFRING_TFRING_BINDING_BUFFER_COLLECTIVES_H_
+#define TFRING_TFRING_BINDING_BUFFER_COLLECTIVES_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -182,4 +182,4 @@ inline Status EnqueueBufferCollective(
 }  // namespace buffer_collectives
 }  // namespace tfring
 
-#endif  // TFRING_BUFFER_COLLECTIVES_H_
+#endif  // TFRING_TFRING_BINDING_BUFFER_COLLECTIVES_H_

@@ -20,7 +20,7 @@
 #include "cc/api.h"
 #include "cc/common.h"
 #include "cc/config.h"
-#include "tfring/buffer_collectives_binding.h"
+#include "tfring/binding/buffer_collectives_binding.h"
 
 namespace py = pybind11;
 

@@ -6,8 +6,8 @@
 // keeps the tensors alive until the handle completes; waiting releases the
 // GIL, so the background thread's callback and the process's other Python
 // threads never wait for the caller.
-#ifndef TFRING_BUFFER_COLLECTIVES_BINDING_H_
-#define TFRING_BUFFER_COLLECTIVES_BINDING_H_
+#ifndef TFRING_TFRING_BINDING_BUFFER_COLLECTIVES_BINDING_H_
+#define TFRING_TFRING_BINDING_BUFFER_COLLECTIVES_BINDING_H_
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -20,7 +20,7 @@
 
 #include "cc/common.h"
 #include "cc/status.h"
-#include "tfring/buffer_collectives.h"
+#include "tfring/binding/buffer_collectives.h"
 
 namespace tfring {
 namespace buffer_collectives {
@@ -122,4 +122,4 @@ inline void BindBufferCollectives(pybind11::module_& m) {
 }  // namespace buffer_collectives
 }  // namespace tfring
 
-#endif  // TFRING_BUFFER_COLLECTIVES_BINDING_H_
+#endif  // TFRING_TFRING_BINDING_BUFFER_COLLECTIVES_BINDING_H_
