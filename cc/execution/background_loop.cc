@@ -319,7 +319,10 @@ void BackgroundLoop::Run() {
     next_round = Clock::now() + (AnyPending() ? std::min<Clock::duration>(cycle, pending_retry)
                                               : idle);
     if (outcome.shutdown) {
-      stop_reason = Status::Aborted("tfring was shut down: " + outcome.shutdown_reason);
+      stop_reason = Status::Aborted(
+          "tfring was shut down: " + outcome.shutdown_reason +
+          ". Collectives still pending were cancelled and later ones fail at once: the job "
+          "cannot go on without every rank.");
       break;
     }
   }

@@ -145,7 +145,8 @@ Status Controller::RunRound(std::vector<SubmittedRequest> new_requests,
   if (!shutdown_ranks.empty()) {
     outcome->shutdown = true;
     outcome->shutdown_reason =
-        RanksToString(shutdown_ranks) + " shut down (tfring.shutdown() or process exit)";
+        RanksToString(shutdown_ranks) +
+        " shut down (tfring.shutdown() or process exit; its output says why it stopped)";
     return Status::OK();
   }
   if ((bits[layout_.flags] & kNeedsNegotiation) == 0) {
