@@ -102,6 +102,25 @@ def test_allreduce_average_argument_is_deprecated(rank, size):
         hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_large_outputs_on_the_cores_buffers(dtype, rank, size):
+    # From 2 MiB a new output is memory the core's HostBuffer owns (huge
+    # pages): it must hold the result, be an ordinary writable tensor and
+    # outlive the handle and the input.
+    shape = (3, 700_001)
+    tensor = _values(rank, dtype, shape)
+    before = tensor.clone()
+    handle = hvd.allreduce_async(tensor, op=hvd.Sum)
+    result = hvd.synchronize(handle)
+    del handle, tensor
+    assert result.dtype == dtype and result.shape == shape and result.is_contiguous()
+    assert torch.equal(result, _expected_reduction(hvd.Sum, size, dtype, shape))
+    result += 1
+    assert torch.equal(result, _expected_reduction(hvd.Sum, size, dtype, shape) + 1)
+    broadcast = hvd.broadcast(before, root_rank=size - 1)
+    assert torch.equal(broadcast, _values(size - 1, dtype, shape))
+
+
 def test_scalar_and_zero_size_tensors(rank, size):
     assert float(hvd.allreduce(torch.tensor(float(rank)), op=hvd.Sum)) == \
         sum(range(size))

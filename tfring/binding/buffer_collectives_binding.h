@@ -49,7 +49,9 @@ inline void BindBufferCollectives(pybind11::module_& m) {
 
   py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(
       m, "HostBuffer", py::buffer_protocol(),
-      "An output the core allocated: bytes, viewable without a copy (buffer protocol).")
+      "Memory for a collective's output: bytes, viewable without a copy (buffer protocol); "
+      "large ones on transparent huge pages.")
+      .def(py::init<size_t>(), py::arg("bytes"))
       .def_buffer([](HostBuffer& buffer) {
         return py::buffer_info(buffer.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(buffer.bytes())}, {1});

@@ -192,7 +192,7 @@ def allreduce_async(tensor, average=None, name=None, op=None,
     """
     api_name = "allreduce_async"
     check_tensor(tensor, api_name, reduction=True)
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    output = _handles.new_output(tensor)
     return _allreduce_async([tensor], [output],
                             [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
@@ -227,8 +227,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
     tensors = _check_tensor_list(tensors, api_name)
     for t in tensors:
         check_tensor(t, api_name, reduction=True)
-    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format)
-               for t in tensors]
+    outputs = [_handles.new_output(t) for t in tensors]
     return _allreduce_async(
         tensors, outputs,
         _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
@@ -318,7 +317,7 @@ def broadcast_async(tensor, root_rank, name=None,
     """Starts copying `root_rank`'s `tensor` to every rank of the set into a
     new tensor (the input is not modified)."""
     check_tensor(tensor, "broadcast_async")
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    output = _handles.new_output(tensor)
     return _broadcast_async(tensor, output, root_rank, name, process_set,
                             "broadcast_async")
 

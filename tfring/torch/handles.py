@@ -88,6 +88,21 @@ def _check_handle(handle, api_name):
             "hvd.allreduce_async(tensor)). Pass that handle.")
 
 
+# From this size on, a new output comes from the core's HostBuffer (huge
+# pages) rather than torch's allocator, whose fresh large blocks fault in
+# 4 KiB at a time while the collective writes them.
+_HOST_BUFFER_FROM_BYTES = 2 << 20
+
+
+def new_output(like):
+    """An uninitialised contiguous tensor of `like`'s shape and dtype, for a
+    collective to write into."""
+    num_bytes = like.numel() * like.element_size()
+    if num_bytes < _HOST_BUFFER_FROM_BYTES:
+        return torch.empty_like(like, memory_format=torch.contiguous_format)
+    return torch.frombuffer(_core.HostBuffer(num_bytes), dtype=like.dtype).view(like.shape)
+
+
 def output_tensor(pending, dtype):
     """The tensor the core allocated for `pending` (allgather, alltoall,
     reducescatter), viewed without a copy; it owns the core's buffer."""
