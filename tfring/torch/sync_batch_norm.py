@@ -56,7 +56,8 @@ class SyncBatchNorm(_BatchNorm):
         affine: whether the layer has learnable weight and bias.
         track_running_stats: whether the layer keeps running statistics for
             eval mode.
-        device, dtype: where and how to create the parameters and buffers.
+        device: where to create the parameters and buffers.
+        dtype: the dtype of the parameters and buffers.
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
@@ -67,7 +68,7 @@ class SyncBatchNorm(_BatchNorm):
     def _check_input_dim(self, input):
         problem = _input_problem(input, self.num_features)
         if problem is not None:
-            raise ValueError(problem)
+            raise problem
 
     def forward(self, input):
         uses_batch_statistics = self.training or not self.track_running_stats
@@ -100,24 +101,28 @@ class SyncBatchNorm(_BatchNorm):
 
 
 def _input_problem(input, num_features):
-    """What makes `input` unusable for a SyncBatchNorm of `num_features`
-    channels, or None."""
+    """The ValueError that says what makes `input` unusable for a
+    SyncBatchNorm of `num_features` channels, or None."""
     if not isinstance(input, torch.Tensor):
-        return (f"SyncBatchNorm expected a torch.Tensor, got "
-                f"{type(input).__name__}. Pass a tensor of shape (N, C, ...).")
+        return ValueError(
+            f"SyncBatchNorm expected a torch.Tensor, got "
+            f"{type(input).__name__}. Pass a tensor of shape (N, C, ...).")
     if input.dim() < 2:
-        return (f"SyncBatchNorm expected input of at least 2 dimensions "
-                f"(N, C, ...), got {input.dim()}D input of shape "
-                f"{tuple(input.shape)}. Add the batch dimension, e.g. "
-                f"input.unsqueeze(0).")
+        return ValueError(
+            f"SyncBatchNorm expected input of at least 2 dimensions "
+            f"(N, C, ...), got {input.dim()}D input of shape "
+            f"{tuple(input.shape)}. Add the batch dimension, e.g. "
+            f"input.unsqueeze(0).")
     if input.shape[1] != num_features:
-        return (f"SyncBatchNorm expected {num_features} channels in dimension "
-                f"1 of the input, got shape {tuple(input.shape)}. Pass "
-                f"(N, {num_features}, ...) input or create the layer with "
-                f"num_features={input.shape[1]}.")
+        return ValueError(
+            f"SyncBatchNorm expected {num_features} channels in dimension "
+            f"1 of the input, got shape {tuple(input.shape)}. Pass "
+            f"(N, {num_features}, ...) input or create the layer with "
+            f"num_features={input.shape[1]}.")
     if not input.is_floating_point():
-        return (f"SyncBatchNorm expected a floating-point input, got "
-                f"{input.dtype}. Convert it first, e.g. input.float().")
+        return ValueError(
+            f"SyncBatchNorm expected a floating-point input, got "
+            f"{input.dtype}. Convert it first, e.g. input.float().")
     return None
 
 
@@ -175,7 +180,7 @@ def _global_statistics(input, num_features):
 def _raise_for_unusable_batches(input, num_features, table):
     problem = _input_problem(input, num_features)
     if problem is not None:
-        raise ValueError(problem)
+        raise problem
     flagged = [r for r, flag in enumerate(table[:, _FLAG].tolist()) if flag]
     if flagged:
         raise ValueError(
