@@ -53,7 +53,8 @@ def test_api_reference_covers_every_public_name(site):
     public = json.loads(_run_python(
         "import importlib, inspect, json\n"
         "out = {}\n"
-        "for name in ('tfring', 'tfring.keras', 'tfring.keras.callbacks'):\n"
+        "for name in ('tfring', 'tfring.keras', 'tfring.keras.callbacks',\n"
+        "             'tfring.torch'):\n"
         "    m = importlib.import_module(name)\n"
         "    names = getattr(m, '__all__', None) or [\n"
         "        n for n, v in vars(m).items() if isinstance(v, int)\n"
@@ -62,7 +63,8 @@ def test_api_reference_covers_every_public_name(site):
         "                 and not inspect.ismodule(getattr(m, n))]\n"
         "print(json.dumps(out))"))
     pages = {"tfring": "api/tfring", "tfring.keras": "api/keras",
-             "tfring.keras.callbacks": "api/callbacks"}
+             "tfring.keras.callbacks": "api/callbacks",
+             "tfring.torch": "api/torch"}
     for module, names in public.items():
         html = _page(site, pages[module])
         missing = [n for n in names if f'id="{module}.{n}"' not in html]

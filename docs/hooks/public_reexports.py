@@ -1,8 +1,8 @@
 """Griffe extension: what tfring's package files re-export is public API.
 
-Why: `tfring/__init__.py`, `tfring/keras/__init__.py` and
-`tfring/keras/callbacks/__init__.py` only re-export names defined in the
-modules that own them. Griffe treats an imported name as private unless the
+Why: `tfring/__init__.py`, `tfring/keras/__init__.py`,
+`tfring/keras/callbacks/__init__.py` and `tfring/torch/__init__.py` only
+re-export names defined in the modules that own them. Griffe treats an imported name as private unless the
 module lists it in `__all__`, so the API reference would show none of them.
 This extension marks every such re-export public (a name without a leading
 underscore that points into tfring and is not a module), so the reference
@@ -20,7 +20,7 @@ import griffe
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PACKAGES = ("tfring", "tfring.keras", "tfring.keras.callbacks")
+PACKAGES = ("tfring", "tfring.keras", "tfring.keras.callbacks", "tfring.torch")
 
 
 class PublicReexports(griffe.Extension):

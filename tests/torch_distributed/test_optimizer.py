@@ -284,3 +284,29 @@ def test_broadcast_parameters_optimizer_state_and_objects(rank, size):
         {"rank": size - 1, "values": [size - 1] * 3}
     gathered = hvd.allgather_object(("rank", rank, "x" * rank))
     assert gathered == [("rank", r, "x" * r) for r in range(size)]
+
+
+def test_broadcast_optimizer_state_of_a_resumed_distributed_optimizer(
+        rank, size):
+    # As when resuming from a checkpoint that only rank 0 loads: rank 0's
+    # DistributedOptimizer has momentum buffers, the others have no state
+    # yet. The others create theirs without reducing gradients (which rank 0
+    # would never join), then receive rank 0's.
+    model = _model(seed=rank)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters())
+    if rank == 0:
+        for p in model.parameters():
+            optimizer.state[p]["momentum_buffer"] = torch.full_like(p, 0.5)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for p, want in zip(model.parameters(), _model(seed=0).parameters()):
+        assert torch.equal(p, want)
+        assert torch.equal(optimizer.state[p]["momentum_buffer"],
+                           torch.full_like(p, 0.5))
+    x, y = _data(0, size)
+    optimizer.zero_grad()
+    _loss(model, x[rank * BATCH:(rank + 1) * BATCH],
+          y[rank * BATCH:(rank + 1) * BATCH]).backward()
+    optimizer.step()

@@ -23,6 +23,8 @@ if not hasattr(_torch.Tensor, "register_post_accumulate_grad_hook"):
 from tfring._version import __version__  # noqa: E402,F401
 from tfring.torch.mpi_ops import *  # noqa: E402,F401,F403
 from tfring.torch.mpi_ops import init, shutdown  # noqa: E402,F401
+# The function, not the submodule of the same name.
+from tfring.torch.join import join  # noqa: E402,F401
 from tfring.torch.compression import Compression  # noqa: E402,F401
 from tfring.torch.errors import (  # noqa: E402,F401
     HorovodInternalError,
@@ -35,6 +37,7 @@ from tfring.torch.functions import (  # noqa: E402,F401
     broadcast_parameters,
 )
 from tfring.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
+from tfring.torch.sync_batch_norm import SyncBatchNorm  # noqa: E402,F401
 from tfring.process_sets import (  # noqa: E402,F401
     ProcessSet,
     add_process_set,

@@ -29,16 +29,17 @@ from tfring import reduce_args as _reduce_args
 from tfring import errors as _errors
 from tfring import process_sets as _process_sets
 from tfring.process_sets import global_process_set
+from tfring.reduce_args import (  # noqa: F401  (horovod.torch's op names)
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+)
 from tfring.torch import dtypes as _dtypes
 from tfring.torch import handles as _handles
 from tfring.torch.errors import HorovodInternalError
-
-Average = _reduce_args.Average
-Sum = _reduce_args.Sum
-Adasum = _reduce_args.Adasum
-Min = _reduce_args.Min
-Max = _reduce_args.Max
-Product = _reduce_args.Product
 
 _CollectiveType = _core.CollectiveType
 

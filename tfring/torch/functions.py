@@ -60,11 +60,21 @@ def _create_missing_state(optimizer):
                 p.grad = torch.zeros_like(p.data)
     if not saved:
         return
-    inner = getattr(optimizer, "wrapped_optimizer", optimizer)
-    inner.step()
+    _unwrapped(optimizer).step()
     for p, data, grad in saved:
         p.data.copy_(data)
         p.grad = grad
+
+
+def _unwrapped(optimizer):
+    """The torch optimizer that a DistributedOptimizer wraps, else
+    `optimizer`: a DistributedOptimizer's step() reduces gradients, which
+    would wait for ranks whose state is complete and so never step here."""
+    # optimizer.py imports this module, hence the import here.
+    from tfring.torch.optimizer import _DistributedOptimizer
+    if isinstance(optimizer, _DistributedOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
 
 
 def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
