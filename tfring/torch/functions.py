@@ -70,11 +70,8 @@ def _unwrapped(optimizer):
     """The torch optimizer that a DistributedOptimizer wraps, else
     `optimizer`: a DistributedOptimizer's step() reduces gradients, which
     would wait for ranks whose state is complete and so never step here."""
-    # optimizer.py imports this module, hence the import here.
-    from tfring.torch.optimizer import _DistributedOptimizer
-    if isinstance(optimizer, _DistributedOptimizer):
-        return optimizer.inner_optimizer
-    return optimizer
+    # By its attribute, not its class: optimizer.py imports this module.
+    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
