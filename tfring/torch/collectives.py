@@ -165,13 +165,14 @@ def _reduction_args(op, average, prescale_factor, postscale_factor, api_name):
                                                "postscale_factor", api_name))
 
 
-def _allreduce_async(tensors, outputs, names, op, average, prescale_factor,
+def _allreduce_async(tensors, in_place, names, op, average, prescale_factor,
                      postscale_factor, process_set, api_name, single):
     op, pre, post = _reduction_args(op, average, prescale_factor,
                                     postscale_factor, api_name)
     membership = _membership(process_set, api_name)
     dtypes = [check_tensor(t, api_name, reduction=True) for t in tensors]
-    results = outputs if outputs is not None else tensors
+    # New outputs only once every argument has been checked.
+    results = tensors if in_place else [_handles.new_output(t) for t in tensors]
 
     def finish(_):
         return results[0] if single else list(results)
@@ -192,9 +193,7 @@ def allreduce_async(tensor, average=None, name=None, op=None,
     postscale_factor multiply the values before and after the reduction.
     """
     api_name = "allreduce_async"
-    check_tensor(tensor, api_name, reduction=True)
-    output = _handles.new_output(tensor)
-    return _allreduce_async([tensor], [output],
+    return _allreduce_async([tensor], False,
                             [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
                             process_set, api_name, single=True)
@@ -205,7 +204,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None,
                      process_set=global_process_set):
     """allreduce_async() writing the result into `tensor` itself."""
     api_name = "allreduce_async_"
-    return _allreduce_async([tensor], None,
+    return _allreduce_async([tensor], True,
                             [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
                             process_set, api_name, single=True)
@@ -226,11 +225,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
     synchronize() returns the list of results."""
     api_name = "grouped_allreduce_async"
     tensors = _check_tensor_list(tensors, api_name)
-    for t in tensors:
-        check_tensor(t, api_name, reduction=True)
-    outputs = [_handles.new_output(t) for t in tensors]
     return _allreduce_async(
-        tensors, outputs,
+        tensors, False,
         _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
         average, prescale_factor, postscale_factor, process_set, api_name,
         single=False)
@@ -243,7 +239,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
     api_name = "grouped_allreduce_async_"
     tensors = _check_tensor_list(tensors, api_name)
     return _allreduce_async(
-        tensors, None,
+        tensors, True,
         _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
         average, prescale_factor, postscale_factor, process_set, api_name,
         single=False)
@@ -301,12 +297,13 @@ def grouped_allgather_async(tensors, name=None,
 # --- broadcast ------------------------------------------------------------
 
 
-def _broadcast_async(tensor, output, root_rank, name, process_set, api_name):
+def _broadcast_async(tensor, in_place, root_rank, name, process_set, api_name):
     basics._check_initialized(api_name)
     membership = _membership(process_set, api_name)
     root_rank = _reduce_args.check_root_rank(root_rank, api_name,
                                                 membership)
     dtype = check_tensor(tensor, api_name)
+    output = tensor if in_place else _handles.new_output(tensor)
     return _submit(_CollectiveType.broadcast,
                    [_tensor_name("broadcast", name, api_name, process_set)], [tensor],
                    [dtype], [output], lambda _: output,
@@ -317,16 +314,14 @@ def broadcast_async(tensor, root_rank, name=None,
                     process_set=global_process_set):
     """Starts copying `root_rank`'s `tensor` to every rank of the set into a
     new tensor (the input is not modified)."""
-    check_tensor(tensor, "broadcast_async")
-    output = _handles.new_output(tensor)
-    return _broadcast_async(tensor, output, root_rank, name, process_set,
+    return _broadcast_async(tensor, False, root_rank, name, process_set,
                             "broadcast_async")
 
 
 def broadcast_async_(tensor, root_rank, name=None,
                      process_set=global_process_set):
     """broadcast_async() writing root_rank's values into `tensor` itself."""
-    return _broadcast_async(tensor, tensor, root_rank, name, process_set,
+    return _broadcast_async(tensor, True, root_rank, name, process_set,
                             "broadcast_async_")
 
 
