@@ -227,14 +227,12 @@ def stop_timeline():
 
 def size():
     """The number of processes taking part."""
-    _check_initialized("tfring.size()")
-    return _core.size()
+    return _running.size("tfring.size()")
 
 
 def rank():
     """This process's rank, in [0, size())."""
-    _check_initialized("tfring.rank()")
-    return _core.rank()
+    return _running.rank("tfring.rank()")
 
 
 def local_size():
