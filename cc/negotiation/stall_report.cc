@@ -51,14 +51,15 @@ std::string StallError(const std::string& oldest_name, double waited_s, double l
        << " s for ranks that never submitted it (limit: TFRING_STALL_SHUTDOWN_TIME_SECONDS="
        << limit_s << "). What each rank is waiting on:\n"
        << DescribeWaitsByRank(waits, kNamesPerRankInError)
-       << "Likely causes: (1) the ranks have different numbers of batches (e.g. "
-          "dataset.shard() of a dataset whose length is not a multiple of the number of ranks): "
-          "train with tfring.keras.DistributedOptimizer in model.fit(), which joins ranks that "
-          "run out of data, pass the same steps_per_epoch on every rank, or call tfring.join() "
-          "when a custom loop runs out of data; (2) a collective runs under a rank-dependent "
-          "condition (e.g. an allreduce or broadcast inside `if tfring.rank() == 0:`): run "
-          "every collective on every rank; (3) the ranks build different models (other layers "
-          "or variable names), so their gradients differ: build the same model everywhere. "
+       << "Likely causes: (1) the ranks have different numbers of batches (a dataset.shard() "
+          "or DistributedSampler whose data does not divide evenly among the ranks): have each "
+          "rank call join() (hvd.join(), in TensorFlow or PyTorch) when it runs out of data, "
+          "or give every rank the same number of steps (with Keras, model.fit with "
+          "tfring.keras.DistributedOptimizer joins by itself); (2) a collective runs under a "
+          "rank-dependent condition (e.g. an allreduce or broadcast inside `if hvd.rank() == "
+          "0:`): run every collective on every rank; (3) the ranks build different models "
+          "(other layers or parameter names), so their gradients differ: build the same model "
+          "everywhere. "
           "Every rank's pending collectives fail with this error. To wait longer, raise "
           "TFRING_STALL_SHUTDOWN_TIME_SECONDS (0 waits forever).";
   return text.str();

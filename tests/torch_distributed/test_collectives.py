@@ -201,6 +201,17 @@ def test_alltoall_every_dtype(dtype, rank, size):
     assert torch.equal(output, expected)
 
 
+def test_alltoall_returns_splits_only_when_given(rank, size):
+    # As in Horovod: the tensor alone without splits, (tensor, received
+    # splits) with them.
+    tensor = torch.arange(size, dtype=torch.float32) + 10 * rank
+    output = hvd.alltoall(tensor)
+    assert isinstance(output, torch.Tensor)
+    assert output.tolist() == [float(rank + 10 * r) for r in range(size)]
+    output, received = hvd.alltoall(tensor, splits=[1] * size)
+    assert received.tolist() == [1] * size and received.dtype == torch.int32
+
+
 def test_alltoall_even_split_and_async(rank, size):
     tensor = torch.arange(size * 2, dtype=torch.float32) + 100 * rank
     handle = hvd.alltoall_async(tensor)

@@ -15,30 +15,35 @@ def _still_works(size):
     assert torch.equal(result, torch.full((2,), float(size)))
 
 
-def test_non_contiguous_tensor():
-    tensor = torch.arange(6.0).view(2, 3).t()
-    with pytest.raises(ValueError, match="non-contiguous.*tensor.contiguous"):
-        hvd.allreduce(tensor)
-    with pytest.raises(ValueError, match="non-contiguous"):
-        hvd.allreduce_async_(tensor)
-    with pytest.raises(ValueError, match="non-contiguous"):
-        hvd.allgather(tensor)
+def test_tensor_with_gaps():
+    gapped = torch.arange(12.0).view(3, 4)[:, :2]
+    with pytest.raises(ValueError, match=r"strides \[4, 1\].*not one "
+                       "contiguous block.*tensor.contiguous"):
+        hvd.allreduce(gapped)
+    with pytest.raises(ValueError, match="not one contiguous block"):
+        hvd.allreduce_async_(gapped)
+    with pytest.raises(ValueError, match="not one contiguous block"):
+        hvd.broadcast_(gapped, 0)
+    # allgather concatenates along dimension 0: only a contiguous tensor.
+    transposed = torch.arange(6.0).view(2, 3).t()
+    with pytest.raises(ValueError, match="expected a contiguous tensor"):
+        hvd.allgather(transposed)
 
 
 def test_tensor_not_on_the_cpu():
     tensor = torch.zeros(2, device="meta")
-    with pytest.raises(ValueError, match="CPU tensors only; GPU tensors are "
-                       "not supported yet.*tensor.cpu"):
+    with pytest.raises(ValueError, match="'meta' device.*no data"):
         hvd.allreduce(tensor)
-    with pytest.raises(ValueError, match="device 'meta'"):
+    with pytest.raises(ValueError, match="'meta' device"):
         hvd.broadcast_(tensor, 0)
 
 
 def test_unsupported_dtypes():
-    with pytest.raises(TypeError, match="complex64.*cannot move.*Expected "
+    # ValueError, as in Horovod.
+    with pytest.raises(ValueError, match="complex64.*cannot move.*Expected "
                        "one of"):
         hvd.allgather(torch.zeros(2, dtype=torch.complex64))
-    with pytest.raises(TypeError, match="int16.*cannot reduce"):
+    with pytest.raises(ValueError, match="int16.*cannot reduce"):
         hvd.allreduce(torch.zeros(2, dtype=torch.int16))
     with pytest.raises(TypeError, match="Expected a torch.Tensor"):
         hvd.allreduce([1.0, 2.0])
@@ -95,8 +100,13 @@ def test_alltoall_bad_splits_fail_on_every_rank(rank, size):
     splits = [1] * size
     if rank == 1:
         splits[0] = 5  # more rows than the tensor has
-    with pytest.raises(hvd.HorovodInternalError, match="split"):
+    with pytest.raises(hvd.HorovodInternalError, match="split") as raised:
         hvd.alltoall(torch.zeros(size), splits=splits, name="bad_splits")
+    # Also a ValueError on every rank, the type Horovod raises for them.
+    assert isinstance(raised.value, ValueError)
+    uneven = torch.zeros(size + 1)
+    with pytest.raises(ValueError, match="invalid splits.*evenly"):
+        hvd.alltoall(uneven, name="uneven_rows")
     _still_works(size)
 
 
@@ -127,4 +137,20 @@ def test_not_initialized_after_shutdown(size):
             hvd.rank()
     finally:
         hvd.init()
+    _still_works(size)
+
+
+@pytest.mark.requires_ranks(2)
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "reducescatter"])
+def test_grouped_lists_of_different_lengths_fail_on_every_rank(kind, rank,
+                                                               size):
+    count = 3 if rank == size - 1 else 2
+    tensors = [torch.ones(size * 2) for _ in range(count)]
+    call = {"allreduce": hvd.grouped_allreduce,
+            "allgather": hvd.grouped_allgather,
+            "reducescatter": hvd.grouped_reducescatter}[kind]
+    with pytest.raises(ValueError, match=(
+            f"lists of different lengths: ranks? .* 2 tensors, rank {size - 1} "
+            "passes 3 tensors.*same tensors, in the same order")):
+        call(tensors, name=f"uneven_lists.{kind}")
     _still_works(size)

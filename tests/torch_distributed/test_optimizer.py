@@ -310,3 +310,28 @@ def test_broadcast_optimizer_state_of_a_resumed_distributed_optimizer(
     _loss(model, x[rank * BATCH:(rank + 1) * BATCH],
           y[rank * BATCH:(rank + 1) * BATCH]).backward()
     optimizer.step()
+
+
+def test_objects_that_differ_in_type_between_ranks(rank, size):
+    # The usual pattern: only the root has the object. The calls are
+    # matched by call order, not by the object's type (which differs).
+    config = {"lr": 0.1, "epochs": 3} if rank == 0 else None
+    assert hvd.broadcast_object(config, root_rank=0) == {"lr": 0.1,
+                                                         "epochs": 3}
+    mixed = rank if rank % 2 else str(rank)
+    assert hvd.allgather_object(mixed) == [
+        r if r % 2 else str(r) for r in range(size)]
+
+
+def test_sparse_allreduce_async_matches_the_dense_allreduce(rank, size):
+    gen = torch.Generator().manual_seed(rank)
+    dense = torch.rand(7, 3, generator=gen)
+    dense[dense < 0.6] = 0
+    expected = hvd.allreduce(dense, op=hvd.Average)
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.0",
+                                        op=hvd.Average)
+    result = handle()
+    assert result.is_sparse
+    torch.testing.assert_close(result.to_dense(), expected)
+    with pytest.raises(ValueError, match="Expected a sparse COO tensor"):
+        hvd.sparse_allreduce_async(dense, name="sparse.1", op=hvd.Average)

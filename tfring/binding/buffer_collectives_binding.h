@@ -47,11 +47,17 @@ inline void BindBufferCollectives(pybind11::module_& m) {
   m.attr("JOIN_TENSOR_NAME") = kJoinTensorName;
   m.def("data_type_size", &DataTypeSize, py::arg("dtype"), "Bytes per element.");
 
+  m.def(
+      "advise_huge_pages",
+      [](uintptr_t address, size_t bytes) { AdviseHugePages(reinterpret_cast<void*>(address), bytes); },
+      py::arg("address"), py::arg("bytes"),
+      "Asks for transparent huge pages under fresh memory [address, address + bytes) before it "
+      "is first written (a hint; never fails).");
+
   py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(
       m, "HostBuffer", py::buffer_protocol(),
-      "Memory for a collective's output: bytes, viewable without a copy (buffer protocol); "
-      "large ones on transparent huge pages.")
-      .def(py::init<size_t>(), py::arg("bytes"))
+      "Memory the core allocated for a collective's output: bytes, viewable without a copy "
+      "(buffer protocol); large ones on transparent huge pages.")
       .def_buffer([](HostBuffer& buffer) {
         return py::buffer_info(buffer.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(buffer.bytes())}, {1});

@@ -188,19 +188,24 @@ class _Alltoall(torch.autograd.Function):
             tensor, splits, name, process_set))
         ctx.received = received
         ctx.process_set = process_set
+        if splits is None:
+            return output
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
-    def backward(ctx, grad_output, _):
-        grad, _ = alltoall(grad_output.contiguous(), splits=ctx.received,
-                           process_set=ctx.process_set)
+    def backward(ctx, grad_output, *_received_splits):
+        grad, _ = synchronize(_c.alltoall_async(
+            grad_output.contiguous(), ctx.received,
+            process_set=ctx.process_set))
         return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends splits[i] rows of `tensor` to rank i of the set (evenly split
-    when None) and returns (output, received_splits). Differentiable."""
+    when None) and returns the received rows; with `splits`, as in Horovod,
+    returns (output, received_splits), the latter the rows received from
+    each rank. Differentiable."""
     return _Alltoall.apply(tensor, splits, name, process_set)
 
 

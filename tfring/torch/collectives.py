@@ -27,6 +27,7 @@ from tfring import _core
 from tfring import basics
 from tfring import reduce_args as _reduce_args
 from tfring import errors as _errors
+from tfring import list_lengths as _lengths
 from tfring import process_sets as _process_sets
 from tfring.process_sets import global_process_set
 from tfring.reduce_args import (  # noqa: F401  (horovod.torch's op names)
@@ -39,6 +40,7 @@ from tfring.reduce_args import (  # noqa: F401  (horovod.torch's op names)
 )
 from tfring.torch import dtypes as _dtypes
 from tfring.torch import handles as _handles
+from tfring.torch import in_flight as _in_flight
 from tfring.torch.errors import HorovodInternalError
 
 _CollectiveType = _core.CollectiveType
@@ -68,38 +70,96 @@ def _tensor_name(kind, name, api_name, process_set):
     return f"{kind}.{name}"
 
 
-def _grouped_names(kind, name, count, api_name, process_set):
+def _grouped_names(kind, name, count, api_name, process_set,
+                   check_length=True):
     base = _tensor_name(kind, name, api_name, process_set)
+    if check_length:
+        key = (kind, name, getattr(process_set, "process_set_id", None))
+        _check_group_length(count, key, base, api_name, process_set)
     return [f"{base}_{i}" for i in range(count)]
 
 
-def check_tensor(tensor, api_name, reduction=False):
+def _check_group_length(count, key, base, api_name, process_set):
+    """On the first call of each kind and name: ranks whose lists differ in
+    length raise ValueError on every rank (the tensors are matched by
+    position, so the extra ones would wait forever)."""
+    if basics.size() < 2 or not _lengths.needs_check(key):
+        return
+    membership = _membership(process_set, api_name)
+    if membership.size < 2:
+        return
+    lengths = _handles.synchronize(allgather_async(
+        torch.tensor([count], dtype=torch.int64), name=f"{base}.list_length",
+        process_set=process_set))
+    _lengths.mark_checked(key)
+    _lengths.raise_unless_equal(
+        lengths.tolist(), membership.ranks, "tensors", "pass", api_name,
+        "Build the same model and optimizer on every rank before reducing.")
+
+
+def check_tensor(tensor, api_name, reduction=False, any_dense_layout=False):
     """The core DataType of `tensor` after checking that the core can use its
-    memory as it is: a dense, contiguous CPU tensor of a supported dtype."""
+    memory as it is: a dense CPU tensor of a supported dtype, contiguous
+    (with `any_dense_layout`, for element-wise collectives: any layout that
+    fills one block of memory, such as channels_last)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(
             f"{api_name} received {type(tensor).__name__} {tensor!r:.80}. "
             "Expected a torch.Tensor. Pass a tensor (e.g. torch.tensor(x)).")
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"{api_name} received a tensor on the 'meta' device, which has "
+            "a shape but no data to send. Expected a CPU tensor with values. "
+            "Materialize it first (e.g. module.to_empty(device='cpu') and "
+            "initialize it, or torch.empty(shape)).")
     if tensor.device.type != "cpu":
         raise ValueError(
             f"{api_name} received a tensor on device '{tensor.device}'. "
-            "tfring.torch runs collectives on CPU tensors only; GPU tensors "
-            "are not supported yet. Move the tensor to the CPU first "
-            "(tensor.cpu()) and the result back (result.to(device)).")
+            "tfring.torch runs collectives on CPU tensors only; "
+            f"{tensor.device.type} tensors are not supported yet. Move the "
+            "tensor to the CPU first (tensor.cpu()) and the result back "
+            "(result.to(device)).")
     if tensor.layout != torch.strided:
         raise ValueError(
             f"{api_name} received a tensor with layout {tensor.layout}. "
             "Expected a dense (torch.strided) tensor. Pass "
             "tensor.to_dense(), or use sparse_as_dense=True in "
             "DistributedOptimizer.")
-    if not tensor.is_contiguous():
+    if not tensor.is_contiguous() and not (
+            any_dense_layout and memory_order_shape(tensor) is not None):
+        expected = ("elements that fill one block of memory, in any "
+                    "dimension order (contiguous or channels_last)"
+                    if any_dense_layout else "a contiguous tensor")
         raise ValueError(
-            f"{api_name} received a non-contiguous tensor (shape "
-            f"{list(tensor.shape)}, strides {list(tensor.stride())}). The core "
-            "reads and writes a tensor's memory as one block, so it must be "
-            "contiguous. Pass tensor.contiguous() (for an in-place form, copy "
-            "the result back with tensor.copy_(result)).")
+            f"{api_name} received a tensor of shape {list(tensor.shape)} "
+            f"with strides {list(tensor.stride())}, a view whose elements "
+            "are not one contiguous block. The core reads and writes a "
+            f"tensor's memory as one block: expected {expected}. Pass "
+            "tensor.contiguous() (for an in-place form, copy the result "
+            "back with tensor.copy_(result)).")
     return _dtypes.core_dtype(tensor, api_name, reduction)
+
+
+def memory_order_shape(tensor):
+    """The sizes of `tensor`'s dimensions in the order they lie in memory
+    (outermost first), when its elements fill one block without gaps or
+    overlaps (contiguous, channels_last, any permutation); else None.
+
+    An element-wise collective may treat such a tensor as that contiguous
+    shape: the ranks agree on it only if they lay the tensor out alike,
+    so a layout that differs between ranks is a shape mismatch, not a
+    silently wrong result (unless the permuted sizes happen to coincide)."""
+    if tensor.is_contiguous() or tensor.numel() == 0:
+        return list(tensor.shape)
+    dims = sorted(((tensor.stride(d), tensor.size(d)) for d in
+                   range(tensor.dim()) if tensor.size(d) != 1),
+                  reverse=True)
+    expected = 1
+    for stride, size in reversed(dims):
+        if stride != expected:
+            return None
+        expected *= size
+    return [size for _, size in dims]
 
 
 def _membership(process_set, api_name):
@@ -128,8 +188,9 @@ def _check_tensor_list(tensors, api_name):
 def _enqueue(collective_type, name, tensor, dtype, **fields):
     """One tensor to the core; the PendingCollective."""
     try:
-        return _core.enqueue(collective_type, name, dtype, list(tensor.shape),
-                             tensor.data_ptr(), **fields)
+        return _core.enqueue(collective_type, name, dtype,
+                             memory_order_shape(tensor), tensor.data_ptr(),
+                             **fields)
     except RuntimeError as e:
         raise HorovodInternalError(str(e)) from None
 
@@ -138,18 +199,29 @@ def _submit(collective_type, names, inputs, dtypes, outputs, finish,
             **fields):
     """Every tensor of one call to the core, as one group when several (the
     core negotiates a group in one round); the Handle."""
+    _in_flight.prune_orphans()
     group = {}
     if len(inputs) > 1:
         group = {"group_key": next(_counters["group"]),
                  "group_size": len(inputs)}
-    pending = []
+    pending, written = [], []
     for i, (name, tensor, dtype) in enumerate(zip(names, inputs, dtypes)):
         output = outputs[i] if outputs is not None else None
         if output is not None:
             fields["output"] = output.data_ptr()
-        pending.append(_enqueue(collective_type, name, tensor, dtype,
-                                **group, **fields))
-    return _handles.Handle(pending, (inputs, outputs), finish)
+            written.append((output, fields["output"]))
+        try:
+            pending.append(_enqueue(collective_type, name, tensor, dtype,
+                                    **group, **fields))
+        except Exception:
+            # The members already enqueued keep their memory until the
+            # core ends them (their group never completes: shutdown does).
+            _in_flight.orphan(_in_flight.Flight(
+                pending, names[:i], list(inputs[:i]) + [o for o, _ in written]))
+            raise
+    flight = _in_flight.Flight(
+        pending, names, list(inputs) + [o for o, _ in written])
+    return _handles.Handle(flight, finish, written)
 
 
 # --- allreduce ------------------------------------------------------------
@@ -170,7 +242,8 @@ def _allreduce_async(tensors, in_place, names, op, average, prescale_factor,
     op, pre, post = _reduction_args(op, average, prescale_factor,
                                     postscale_factor, api_name)
     membership = _membership(process_set, api_name)
-    dtypes = [check_tensor(t, api_name, reduction=True) for t in tensors]
+    dtypes = [check_tensor(t, api_name, reduction=True, any_dense_layout=True)
+              for t in tensors]
     # New outputs only once every argument has been checked.
     results = tensors if in_place else [_handles.new_output(t) for t in tensors]
 
@@ -294,6 +367,46 @@ def grouped_allgather_async(tensors, name=None,
         process_set, api_name, single=False)
 
 
+def sparse_allreduce_async(tensor, name=None, op=Average,
+                           process_set=global_process_set):
+    """Starts reducing a sparse COO `tensor` as Horovod does: every rank's
+    indices and values are allgathered and summed by coalescing (Average
+    then divides by the set's size). Returns a function that waits and
+    returns the reduced sparse tensor (coalesced)."""
+    api_name = "sparse_allreduce_async"
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError(
+            f"{api_name} received a {type(tensor).__name__} with layout "
+            f"{getattr(tensor, 'layout', None)}. Expected a sparse COO "
+            "tensor (layout torch.sparse_coo). Pass tensor.to_sparse(), or "
+            "allreduce_async() for a dense tensor.")
+    op = _reduce_args.resolve_op(op, None, api_name)
+    if op not in (Average, Sum):
+        raise ValueError(
+            f"{api_name} received op={_reduce_args.reduce_op_name(op)}, which "
+            "a sparse allreduce does not implement. Expected Average or Sum. "
+            "Pass op=hvd.Average or op=hvd.Sum.")
+    base = name if name is not None else _tensor_name(
+        "sparse_allreduce", None, api_name, process_set)
+    tensor = tensor.coalesce()
+    shape = tensor.shape
+    values = allgather_async(tensor._values().contiguous(),
+                             name=f"{base}.values", process_set=process_set)
+    indices = allgather_async(tensor._indices().t().contiguous(),
+                              name=f"{base}.indices", process_set=process_set)
+
+    def result():
+        total = torch.sparse_coo_tensor(
+            _handles.synchronize(indices).t(), _handles.synchronize(values),
+            shape, check_invariants=True).coalesce()
+        if op == Average:
+            total = total / _process_sets.resolve(
+                process_set, api_name, allow_outside=True).size
+        return total
+
+    return result
+
+
 # --- broadcast ------------------------------------------------------------
 
 
@@ -302,7 +415,7 @@ def _broadcast_async(tensor, in_place, root_rank, name, process_set, api_name):
     membership = _membership(process_set, api_name)
     root_rank = _reduce_args.check_root_rank(root_rank, api_name,
                                                 membership)
-    dtype = check_tensor(tensor, api_name)
+    dtype = check_tensor(tensor, api_name, any_dense_layout=True)
     output = tensor if in_place else _handles.new_output(tensor)
     return _submit(_CollectiveType.broadcast,
                    [_tensor_name("broadcast", name, api_name, process_set)], [tensor],

@@ -37,11 +37,12 @@ def _names(dtypes):
 
 
 def core_dtype(tensor, api_name, reduction):
-    """The core DataType of `tensor`; TypeError naming the supported ones."""
+    """The core DataType of `tensor`; ValueError (Horovod's type for an
+    unsupported tensor type) naming the supported ones."""
     allowed = REDUCIBLE_DTYPES if reduction else frozenset(CORE_DTYPES)
     if tensor.dtype not in allowed:
         kind = "reduce" if reduction else "move"
-        raise TypeError(
+        raise ValueError(
             f"{api_name} received a tensor of dtype {tensor.dtype}, which "
             f"tfring cannot {kind}. Expected one of: {_names(allowed)}. "
             "Convert the tensor first (e.g. tensor.to(torch.float32)).")

@@ -16,6 +16,13 @@ class HorovodInternalError(RuntimeError):
     """
 
 
+class InvalidArgumentError(HorovodInternalError, ValueError):
+    """A collective's arguments were invalid on at least one rank (e.g.
+    alltoall splits that do not add up), found when the ranks compared them:
+    raised on every rank of the collective, none of which ran it. Also a
+    ValueError, the type Horovod raises for these arguments."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's elastic-training interrupt. tfring has no elastic mode and
     never raises it; defined so that `except` clauses naming it still work."""

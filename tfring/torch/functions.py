@@ -51,19 +51,20 @@ def broadcast_parameters(params, root_rank, prefix=None):
 def _create_missing_state(optimizer):
     """Gives a fresh optimizer its state (Adam's moments, ...) by one step
     with zero gradients, so that every rank has the same state tensors to
-    receive into. The parameters are kept as they were."""
+    receive into. The parameters keep their values; as in Horovod, those
+    stepped keep the zero gradients (parameters without requires_grad keep
+    no gradient)."""
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad and p not in optimizer.state:
-                saved.append((p, p.data.clone(), p.grad))
+                saved.append((p, p.data.clone()))
                 p.grad = torch.zeros_like(p.data)
     if not saved:
         return
     _unwrapped(optimizer).step()
-    for p, data, grad in saved:
+    for p, data in saved:
         p.data.copy_(data)
-        p.grad = grad
 
 
 def _unwrapped(optimizer):
@@ -110,11 +111,20 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
                     state[key] = values[name]
 
 
+def _object_call_name(api_name, name, process_set):
+    """An unnamed call is numbered in call order, like the unnamed
+    collectives (Horovod names it after the object's type, which differs
+    between ranks when only the root passes the object, and then hangs)."""
+    if name is None:
+        return _c._tensor_name(api_name, None, api_name, process_set)
+    return name
+
+
 def broadcast_object(obj, root_rank=0, name=None,
                      process_set=global_process_set):
     """Returns root_rank's `obj` (any picklable object) on every rank of the
-    set."""
-    name = name or type(obj).__name__
+    set. The other ranks' `obj` is not used (pass None there)."""
+    name = _object_call_name("broadcast_object", name, process_set)
     if basics.rank() == root_rank:
         payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)),
                                    dtype=torch.uint8)
@@ -134,7 +144,7 @@ def broadcast_object(obj, root_rank=0, name=None,
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every set rank's `obj`, in rank order."""
-    name = name or type(obj).__name__
+    name = _object_call_name("allgather_object", name, process_set)
     payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)),
                                dtype=torch.uint8)
     lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),

@@ -1,60 +1,76 @@
-# Handles of asynchronous collectives: poll(), synchronize(), and the tensors
-# an in-flight collective must keep alive.
+# Handles of asynchronous collectives: poll() and synchronize().
 #
 # Why: the core reads and writes a tensor's memory on its background thread
-# after the call that submitted it has returned. A Handle holds the core's
-# PendingCollective objects (one per tensor; several for grouped calls) and
-# references to every tensor involved until the collective completes, so
-# their memory cannot be freed or reused under the core. Waiting happens in
-# C++ without the GIL; turning the outcome into the result (or into
-# HorovodInternalError) happens here, once.
+# after the call that submitted it has returned. A Handle holds the call's
+# Flight (tfring.torch.in_flight: the core's PendingCollective objects, one
+# per tensor, several for grouped calls, and the storages they use) until
+# synchronize(). Waiting happens in C++ without the GIL; turning the outcome
+# into the result (or into HorovodInternalError) happens here, once. As in
+# Horovod, a handle dropped without synchronize() never blocks: its flight
+# stays alive until the core completes it.
 
 import torch
 
 from tfring import _core
-from tfring.torch.errors import HorovodInternalError
+from tfring.torch import in_flight as _in_flight
+from tfring.torch.errors import HorovodInternalError, InvalidArgumentError
 
 
 class Handle:
     """An asynchronous collective in flight: pass it to synchronize() for the
     result, or to poll() to ask whether it has completed."""
 
-    __slots__ = ("_pending", "_keep_alive", "_finish", "_synchronized")
+    __slots__ = ("_flight", "_finish", "_synchronized", "_written")
 
-    def __init__(self, pending, keep_alive, finish):
-        # pending: the core's PendingCollective objects; keep_alive: every
-        # tensor whose memory the core reads or writes; finish(pending) ->
-        # the result, called once all completed successfully.
-        self._pending = list(pending)
-        self._keep_alive = keep_alive
+    def __init__(self, flight, finish, written=()):
+        # flight: an in_flight.Flight; finish(pending) -> the result, called
+        # once all completed successfully; written: (tensor, address) of
+        # the caller's tensors the core writes, checked at the end.
+        self._flight = flight
         self._finish = finish
         self._synchronized = False
+        self._written = written
 
     def done(self):
-        return all(p.done() for p in self._pending)
+        return self._flight is None or self._flight.done()
 
     def wait(self):
         """Blocks until every tensor's collective completed; returns the
         result, or raises HorovodInternalError with the first failure."""
+        flight = self._flight
         failure = None
-        for pending in self._pending:
+        for pending in flight.pending:
             code, message = pending.wait()
             if code != _core.StatusCode.OK and failure is None:
-                failure = message
+                failure = (code, message)
         self._synchronized = True
-        try:
-            if failure is not None:
-                raise HorovodInternalError(failure)
-            return self._finish(self._pending)
-        finally:
-            self._keep_alive = None
-            self._pending = []
+        self._flight = None
+        flight.release()
+        if failure is not None:
+            code, message = failure
+            if code == _core.StatusCode.InvalidArgument:
+                raise InvalidArgumentError(message)
+            raise HorovodInternalError(message)
+        _check_still_written(self._written, flight.names)
+        return self._finish(flight.pending)
 
     def __del__(self):
-        # Dropped unsynchronized: the core may still be using the tensors,
-        # so wait for it before letting them go (never raises).
-        for pending in getattr(self, "_pending", ()):
-            pending.wait()
+        # Dropped unsynchronized: keep the memory until the core is done.
+        flight = getattr(self, "_flight", None)
+        if flight is not None:
+            _in_flight.orphan(flight)
+
+
+def _check_still_written(written, names):
+    for tensor, address in written:
+        if tensor.data_ptr() != address:
+            raise HorovodInternalError(
+                f"The result of {names[0]!r} was written into memory its "
+                "tensor no longer uses: the tensor was given other memory "
+                "(an out= operation or a C++ extension resized it) while the "
+                "collective was in flight. Expected the tensor to keep its "
+                "memory until synchronize(). Synchronize before reusing the "
+                "tensor as an output.")
 
 
 def poll(handle):
@@ -88,19 +104,22 @@ def _check_handle(handle, api_name):
             "hvd.allreduce_async(tensor)). Pass that handle.")
 
 
-# From this size on, a new output comes from the core's HostBuffer (huge
-# pages) rather than torch's allocator, whose fresh large blocks fault in
-# 4 KiB at a time while the collective writes them.
-_HOST_BUFFER_FROM_BYTES = 2 << 20
+# From this size on, a new output's memory is advised onto huge pages: the
+# collective is the first to write it, and faulting a fresh block in 4 KiB
+# at a time costs more than the collective (see AdviseHugePages in
+# tfring/binding/buffer_collectives.h).
+_HUGE_PAGES_FROM_BYTES = 2 << 20
 
 
 def new_output(like):
-    """An uninitialised contiguous tensor of `like`'s shape and dtype, for a
-    collective to write into."""
-    num_bytes = like.numel() * like.element_size()
-    if num_bytes < _HOST_BUFFER_FROM_BYTES:
-        return torch.empty_like(like, memory_format=torch.contiguous_format)
-    return torch.frombuffer(_core.HostBuffer(num_bytes), dtype=like.dtype).view(like.shape)
+    """An uninitialised tensor of `like`'s shape, dtype and memory layout
+    (an ordinary torch tensor: resizable, owned by torch), for a collective
+    to write into."""
+    output = torch.empty_like(like, memory_format=torch.preserve_format)
+    num_bytes = output.numel() * output.element_size()
+    if num_bytes >= _HUGE_PAGES_FROM_BYTES:
+        _core.advise_huge_pages(output.data_ptr(), num_bytes)
+    return output
 
 
 def output_tensor(pending, dtype):

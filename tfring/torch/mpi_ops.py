@@ -35,6 +35,7 @@ from tfring.torch.collectives import (  # noqa: F401
     grouped_allreduce_async_,
     grouped_reducescatter_async,
     reducescatter_async,
+    sparse_allreduce_async,
 )
 from tfring.torch.handles import poll, synchronize  # noqa: F401
 from tfring.torch.join import barrier, join  # noqa: F401

@@ -18,7 +18,9 @@
 # gradients be changed (clipped) between reduction and update.
 
 import contextlib
+import gc
 import warnings
+import weakref
 
 import torch
 
@@ -47,33 +49,6 @@ def _split_evenly(items, count):
             runs.append(items[start:end])
         start = end
     return runs
-
-
-class _SparseAllreduce:
-    """A sparse gradient's allreduce as Horovod does it: every rank's indices
-    and values gathered, summed by coalescing (averaged for Average)."""
-
-    def __init__(self, grad, name, op, process_set):
-        grad = grad.coalesce()
-        self._shape = grad.shape
-        self._op = op
-        self._set_size = len(process_set.ranks)
-        self._values = _c.allgather_async(grad._values().contiguous(),
-                                          name=f"{name}.values",
-                                          process_set=process_set)
-        self._indices = _c.allgather_async(grad._indices().t().contiguous(),
-                                           name=f"{name}.indices",
-                                           process_set=process_set)
-
-    def result(self):
-        values = synchronize(self._values)
-        indices = synchronize(self._indices).t()
-        total = torch.sparse_coo_tensor(indices, values, self._shape,
-                                        check_invariants=True)
-        total = total.coalesce()
-        if self._op == _c.Average:
-            total = total / self._set_size
-        return total
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -232,12 +207,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _register_hooks(self):
         trainable = [p for p in self._all_parameters() if p.requires_grad]
+        _claim_parameters(self, trainable)
         if self._groups is not None:
             self._form_groups(trainable)
+        # The hooks reach this optimizer through a weak reference, so that
+        # the parameters do not keep it alive; when it goes, so do they.
+        owner = weakref.ref(self)
         for p in trainable:
             self._requires_update.add(p)
-            self._hook_handles.append(
-                p.register_post_accumulate_grad_hook(self._make_hook(p)))
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(
+                lambda param, owner=owner: _run_hook(owner, param)))
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
 
     # --- reduction -----------------------------------------------------------
 
@@ -257,8 +237,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tensor = p.grad
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                return _SparseAllreduce(tensor, name, self.op,
-                                        self.process_set), None
+                return _c.sparse_allreduce_async(
+                    tensor, name=name, op=self.op,
+                    process_set=self.process_set), None
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scale_factors()
@@ -274,41 +255,53 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = torch.zeros_like(p.data)
         compressed = [self._compression.compress(p.grad) for p in group]
         pre, post = self._scale_factors()
-        handle = _c.grouped_allreduce_async_(
-            [c for c, _ in compressed],
-            name=f"grad.{self._parameter_names[group[0]]}", op=self.op,
-            prescale_factor=pre, postscale_factor=post,
-            process_set=self.process_set)
+        api_name = "DistributedOptimizer"
+        # The ranks formed the groups alike (_form_groups): no length check,
+        # which, synchronous, could not run inside backward hooks anyway.
+        names = _c._grouped_names(
+            "grouped_allreduce", f"grad.{self._parameter_names[group[0]]}",
+            len(group), api_name, self.process_set, check_length=False)
+        handle = _c._allreduce_async(
+            [c for c, _ in compressed], True, names, self.op, None, pre, post,
+            self.process_set, api_name, single=False)
         return handle, [ctx for _, ctx in compressed]
 
-    def _make_hook(self, p):
-        def hook(_param):
-            if self._allreduce_delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than "
-                    "backward_passes_per_step times before call to step(). "
-                    "Increase backward_passes_per_step to accumulate "
-                    "gradients locally.")
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] > 0:
-                self._handles[p] = (None, None)
-                return
-            if self._groups is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-                return
-            group = self._group_of[p]
-            self._group_ready[group] += 1
+    def _on_gradient(self, p):
+        """The hook's work: p's gradient has been accumulated."""
+        if self._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than "
+                "backward_passes_per_step times before call to step(). "
+                "Increase backward_passes_per_step to accumulate "
+                "gradients locally.")
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] > 0:
             self._handles[p] = (None, None)
-            if self._group_ready[group] == len(group):
-                for member in group:
-                    self._handles.pop(member, None)
-                self._handles[group] = self._grouped_allreduce_grad_async(
-                    group)
-                self._group_ready[group] = 0
-        return hook
+            return
+        if self._groups is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+            return
+        group = self._group_of[p]
+        self._group_ready[group] += 1
+        self._handles[p] = (None, None)
+        if self._group_ready[group] == len(group):
+            self._start_group(group)
+
+    def _start_group(self, group):
+        for member in group:
+            self._handles.pop(member, None)
+        self._handles[group] = self._grouped_allreduce_grad_async(group)
+        self._group_ready[group] = 0
 
     def _set_grad(self, p, output, ctx):
-        self._allreduce_delay[p] = self.backward_passes_per_step
+        if p.grad is None:
+            raise AssertionError(
+                f"The gradient of parameter '{self._parameter_names[p]}' was "
+                "set to None (model.zero_grad() or optimizer.zero_grad()) "
+                "after loss.backward() and before optimizer.step(), while "
+                "its allreduce was in flight: the averaged gradient has no "
+                "tensor to go to. Expected zero_grad() before backward() or "
+                "after step(). Move the zero_grad() call.")
         if isinstance(output, torch.Tensor) and output.is_sparse:
             p.grad = output
             return
@@ -330,22 +323,42 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if handle is None:
                 continue
             started.update(key if isinstance(key, tuple) else (key,))
+        # Gradients not reduced yet (no gradient on this rank this step, or
+        # still counting backward passes) go now, each the way every rank
+        # sends it: a grouped parameter always within its whole group.
         for p in sorted(self._requires_update - started,
                         key=lambda q: self._parameter_names[q]):
-            self._handles.pop(p, None)
-            self._handles[p] = self._allreduce_grad_async(p)
+            if p in started:
+                continue
+            if self._groups is None:
+                self._handles.pop(p, None)
+                self._handles[p] = self._allreduce_grad_async(p)
+                continue
+            group = self._group_of[p]
+            started.update(group)
+            self._start_group(group)
+        # Every handle is waited for, even after a failure, so that nothing
+        # stays in flight and the next step starts clean; the first failure
+        # is raised at the end.
+        failure = None
         for key, (handle, ctx) in list(self._handles.items()):
-            if isinstance(key, tuple):
-                for p, output, c in zip(key, synchronize(handle), ctx):
-                    self._set_grad(p, output, c)
-                self._group_ready[key] = 0
-            elif isinstance(handle, _SparseAllreduce):
-                self._set_grad(key, handle.result(), None)
-            else:
-                self._set_grad(key, synchronize(handle), ctx)
+            try:
+                if isinstance(key, tuple):
+                    for p, output, c in zip(key, synchronize(handle), ctx):
+                        self._set_grad(p, output, c)
+                elif callable(handle):  # sparse_allreduce_async's
+                    self._set_grad(key, handle(), None)
+                else:
+                    self._set_grad(key, synchronize(handle), ctx)
+            except Exception as error:  # noqa: BLE001 (raised below)
+                failure = failure or error
         for group in self._group_ready:
             self._group_ready[group] = 0
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
+        if failure is not None:
+            raise failure
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -366,10 +379,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
+                # Horovod's first words, which scripts and tests look for.
                 warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() "
-                    "without optimizer.skip_synchronize(): the gradients are "
-                    "reduced twice, which slows training. Use `with "
+                    "optimizer.step() called without "
+                    "optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(): the gradients are reduced "
+                    "twice, which slows training. Use `with "
                     "optimizer.skip_synchronize(): optimizer.step()` after "
                     "synchronize().")
             self.synchronize()
@@ -377,13 +392,57 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self.inner_optimizer.step(closure)
 
     def zero_grad(self, set_to_none=True):
-        if any(handle is not None for handle, _ in self._handles.values()):
+        if self._handles:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but "
                 "before optimizer.step() or optimizer.synchronize(): the "
-                "gradients' allreduces are still writing into param.grad. "
-                "Call zero_grad() before backward() or after step().")
+                "gradients' allreduces are still writing into param.grad "
+                "(or, with backward_passes_per_step > 1, the gradients "
+                "accumulated so far would be lost). This is prohibited as it "
+                "can cause a race condition. Call zero_grad() before "
+                "backward() or after step().")
         return self.inner_optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def _run_hook(owner, param):
+    optimizer = owner()
+    if optimizer is not None:
+        optimizer._on_gradient(param)
+
+
+def _remove_hooks(hook_handles):
+    for handle in hook_handles:
+        handle.remove()
+
+
+# Which DistributedOptimizer reduces each parameter's gradient, kept on the
+# parameter (a weak reference): two live wrappers of one parameter would
+# both start its allreduce, under one name.
+_OWNER_ATTRIBUTE = "_tfring_distributed_optimizer"
+
+
+def _claim_parameters(optimizer, parameters):
+    def live_owner(p):
+        owner = getattr(p, _OWNER_ATTRIBUTE, None)
+        owner = owner() if owner is not None else None
+        return owner if owner is not optimizer else None
+
+    taken = [p for p in parameters if live_owner(p) is not None]
+    if taken:
+        gc.collect()  # a dropped wrapper in a reference cycle goes now
+        taken = [p for p in taken if live_owner(p) is not None]
+    if taken:
+        names = [optimizer._parameter_names[p] for p in taken]
+        raise ValueError(
+            f"DistributedOptimizer() received {len(taken)} parameter(s) "
+            f"({', '.join(names[:5])}) whose gradients another "
+            "DistributedOptimizer, still alive, already reduces: both would "
+            "start an allreduce of each gradient under the same name. "
+            "Expected one live DistributedOptimizer per parameter. Delete "
+            "the first one (`del optimizer`) before wrapping again, or keep "
+            "using it.")
+    for p in parameters:
+        setattr(p, _OWNER_ATTRIBUTE, weakref.ref(optimizer))
 
 
 def DistributedOptimizer(optimizer, named_parameters=None,
