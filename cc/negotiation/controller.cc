@@ -208,7 +208,7 @@ Status Controller::Negotiate(Clock::time_point now, RoundOutcome* outcome) {
         response.request.type != CollectiveType::kJoin) {
       cache_.Put(response);
     }
-    submitted_.push_back(RemovePending(response.name()));
+    submitted_.push_back(RemovePending(response.name(), response.is_error));
     outcome->responses.push_back(std::move(response));
   }
   if (!shutdown_reason.empty()) {
@@ -224,7 +224,8 @@ std::vector<std::string> Controller::PendingNames() const {
   return names;
 }
 
-Controller::Clock::time_point Controller::RemovePending(const std::string& name) {
+Controller::Clock::time_point Controller::RemovePending(const std::string& name,
+                                                       bool is_error) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [&](const Pending& p) { return p.request.name == name; });
   if (it != pending_.end()) {
@@ -232,11 +233,13 @@ Controller::Clock::time_point Controller::RemovePending(const std::string& name)
     pending_.erase(it);
     return since;
   }
-  // A rank that has joined takes part in tensors it never submitted.
+  // A rank that has joined takes part in tensors it never submitted; a
+  // collective refused while a rank has joined is refused as soon as one
+  // rank submits it, so the others may not have sent it (yet, or ever).
   const bool joined = std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) {
     return p.request.type == CollectiveType::kJoin;
   });
-  TFRING_CHECK(joined, "response for '" << name << "' that this rank never sent");
+  TFRING_CHECK(joined || is_error, "response for '" << name << "' that this rank never sent");
   return Clock::time_point();
 }
 

@@ -112,8 +112,9 @@ class Controller {
   // Fills outcome->waited_us (collective over the transport).
   Status ReportReadiness(RoundOutcome* outcome);
   // Removes the pending request for `name`; returns when it was submitted
-  // here (a default time point when this rank never submitted it).
-  Clock::time_point RemovePending(const std::string& name);
+  // here (a default time point when this rank never submitted it: allowed
+  // after this rank joined, or for a refusal `is_error`).
+  Clock::time_point RemovePending(const std::string& name, bool is_error = false);
 
   Transport* transport_;
   const Config& config_;

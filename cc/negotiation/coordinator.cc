@@ -58,7 +58,18 @@ void Coordinator::Add(const std::vector<Request>& requests, Clock::time_point no
 std::map<std::string, Coordinator::Entry>::iterator Coordinator::ReleaseIfReady(
     std::map<std::string, Entry>::iterator it) {
   Entry& entry = it->second;
-  const bool is_join = entry.by_rank[FirstSubmitted(entry)].type == CollectiveType::kJoin;
+  const CollectiveType type = entry.by_rank[FirstSubmitted(entry)].type;
+  const bool is_join = type == CollectiveType::kJoin;
+  // While a rank has joined only allreduce can run: anything else is
+  // refused as soon as a rank submits it, without waiting for the others
+  // that have not joined (they may never submit it: their unnamed calls can
+  // be numbered differently, or their code may branch on the refusal). Each
+  // of them that submits it later is refused in turn; the refusal of a name
+  // a rank does not hold is skipped there.
+  bool refused_for_join = false;
+  if (type != CollectiveType::kAllreduce && !is_join) {
+    refused_for_join = std::find(joined_.begin(), joined_.end(), true) != joined_.end();
+  }
   std::vector<Request> submitted;
   std::vector<int> joined;
   for (int index = 0; index < world_size_; ++index) {
@@ -66,7 +77,7 @@ std::map<std::string, Coordinator::Entry>::iterator Coordinator::ReleaseIfReady(
       submitted.push_back(entry.by_rank[index]);
     } else if (joined_[index] && !is_join) {
       joined.push_back(world_ranks_[index]);
-    } else {
+    } else if (!refused_for_join) {
       return std::next(it);  // still waiting for this rank
     }
   }

@@ -101,7 +101,7 @@ Response JoinedRejected(const Request& request, const std::vector<int>& joined) 
   std::string message = std::string("tfring ") + CollectiveTypeName(request.type) +
                         " of tensor '" + request.name + "': " + RanksToString(joined) +
                         (joined.size() == 1 ? " has" : " have") +
-                        " joined (tfring.join()), so it runs no more collectives until every "
+                        " joined (hvd.join()), so it runs no more collectives until every "
                         "rank has joined; only allreduce can run meanwhile (the joined ranks "
                         "take part with zeros).";
   if (request.type == CollectiveType::kBroadcast &&

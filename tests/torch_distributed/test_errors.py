@@ -154,3 +154,23 @@ def test_grouped_lists_of_different_lengths_fail_on_every_rank(kind, rank,
             "passes 3 tensors.*same tensors, in the same order")):
         call(tensors, name=f"uneven_lists.{kind}")
     _still_works(size)
+
+
+@pytest.mark.requires_ranks(2)
+def test_calls_refused_while_a_rank_has_joined_do_not_shift_later_names(
+        rank, size):
+    # The ranks that have not joined make an unnamed allgather the joined
+    # rank does not: it fails on them, and the unnamed calls after join()
+    # still pair up on every rank (each kind of call counts its own).
+    for first in range(size):
+        if rank == first:
+            last = hvd.join()
+        else:
+            with pytest.raises(hvd.HorovodInternalError,
+                               match=f"rank {first} has joined \\(hvd.join"
+                               "\\(\\)\\).*only allreduce"):
+                hvd.allgather(torch.ones(2, 2))
+            last = hvd.join()
+        assert hvd.allgather_object(last) == [last] * size
+        assert hvd.broadcast_object(last if rank == 0 else None) == last
+    _still_works(size)

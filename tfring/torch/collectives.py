@@ -13,9 +13,10 @@
 # Names: as in Horovod, an explicit name becomes "<collective>.<name>";
 # unnamed calls are numbered in call order ("allreduce.noname.<n>"), which
 # matches across ranks that make the same calls in the same order. Each
-# process set counts its own calls ("allreduce.noname.set<id>.<n>"), so
-# that collectives of a set that some ranks are not in do not shift the
-# numbers of the others.
+# kind of call counts its own, per process set ("allreduce.noname.set<id>.
+# <n>"), so that calls some ranks do not make (a set they are not in, an
+# allgather refused while a rank has joined) do not shift the numbers of
+# the others.
 
 import collections
 import itertools
@@ -58,7 +59,7 @@ def reset_names():
 def _tensor_name(kind, name, api_name, process_set):
     if name is None:
         set_id = getattr(process_set, "process_set_id", None) or 0
-        number = next(_counters["names"][set_id])
+        number = next(_counters["names"][(set_id, kind)])
         if set_id:
             return f"{kind}.noname.set{set_id}.{number}"
         return f"{kind}.noname.{number}"
