@@ -5,9 +5,15 @@
 # flags reach every rank and that --output-filename writes per-rank files.
 
 import os
+import pwd
+import re
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -229,6 +235,92 @@ def test_named_interfaces_hold_every_listener_of_a_multi_host_job():
                        for word in cmd)
 
 
+def _agent(cmd):
+    return cmd[cmd.index("prte_launch_agent") + 1]
+
+
+MULTI_HOST_ON_ETH1 = ["-np", "4", "-H", "a:2,b:2", "--network-interface",
+                      "eth1", "p"]
+
+
+@pytest.mark.parametrize("mpirun, environ, words", [
+    # A path with spaces: one quoted word, which PRRTE keeps (it cuts the
+    # agent at single spaces and joins the pieces again with one).
+    ("/opt/my mpi/bin/mpirun", {},
+     ["env", "LD_PRELOAD=/pkg/libtfring_loopback_listeners.so",
+      "TFRING_LISTEN_ON=eth1", "/opt/my mpi/bin/prted"]),
+    # Shell metacharacters in a path are quoted too.
+    ("/opt/$(x);y/bin/mpirun", {},
+     ["env", "LD_PRELOAD=/pkg/libtfring_loopback_listeners.so",
+      "TFRING_LISTEN_ON=eth1", "/opt/$(x);y/bin/prted"]),
+    # The user's preloads, separated by spaces (as the loader allows), are
+    # joined by colons: the restriction is kept.
+    ("/opt/mpi/bin/mpirun", {"LD_PRELOAD": " /opt/a.so /opt/b.so:/c.so "},
+     ["env", "LD_PRELOAD=/pkg/libtfring_loopback_listeners.so:/opt/a.so:"
+             "/opt/b.so:/c.so",
+      "TFRING_LISTEN_ON=eth1", "/opt/mpi/bin/prted"]),
+])
+def test_every_word_of_the_launch_agent_is_quoted(mpirun, environ, words):
+    library = "/pkg/libtfring_loopback_listeners.so"
+    cmd = launch_command.mpirun_command(
+        runner.parse_args(MULTI_HOST_ON_ETH1), mpirun, environ, 1000, 8,
+        library)
+    agent = _agent(cmd)
+    # PRRTE cuts the agent at spaces and joins the words again with one;
+    # the other host's shell then reads it (here: sh prints the words).
+    joined = " ".join(word for word in agent.split(" ") if word)
+    printed = subprocess.run(["sh", "-c", "printf '%s\\n' " + joined],
+                             capture_output=True, text=True, timeout=60)
+    assert printed.stdout.splitlines() == words, printed.stderr
+    assert _contains(cmd, ["-x", words[1]])
+    assert _contains(cmd, ["-x", "TFRING_LISTEN_ON=eth1"])
+
+
+def test_a_daemon_path_prrte_cannot_keep_is_refused():
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.mpirun_command(
+            runner.parse_args(MULTI_HOST_ON_ETH1), "/opt/my  mpi/bin/mpirun",
+            {}, 1000, 8, "/pkg/libtfring_loopback_listeners.so")
+    assert str(e.value).startswith(
+        "mpirun is at '/opt/my  mpi/bin/mpirun': tfringrun starts the "
+        "daemons on the other hosts as '/opt/my  mpi/bin/prted', through "
+        "PRRTE's launch agent, which cuts its command line at spaces and "
+        "cannot keep a path with several spaces in a row, tabs or newlines. "
+        "Expected a path without them, or the daemons would listen on every "
+        "address despite --network-interface.")
+
+
+def _refused_library(library, where):
+    return (f"tfring is installed at {os.path.dirname(library)!r}, a path "
+            f"with whitespace or ':'. tfringrun preloads "
+            f"libtfring_loopback_listeners.so from there into mpirun to keep "
+            f"its listeners {where}, and LD_PRELOAD cannot name a file whose "
+            f"path has whitespace or ':' (the loader splits the list there). "
+            f"Expected an installation path without them: install tfring "
+            f"(its Python environment) under such a path.")
+
+
+@pytest.mark.parametrize("library", [
+    "/my pkgs/tfring/launcher/libtfring_loopback_listeners.so",
+    "/pkgs:x/tfring/launcher/libtfring_loopback_listeners.so"])
+def test_a_library_ld_preload_cannot_name_is_refused(library):
+    # The loader splits LD_PRELOAD at spaces and colons: the library would
+    # not load, and the listeners would bind to every address.
+    one_host = runner.parse_args(["-np", "2", "p"])
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.launcher_environment(one_host, {}, library)
+    assert str(e.value) == _refused_library(library, "on loopback")
+    several = runner.parse_args(MULTI_HOST_ON_ETH1)
+    where = "on the --network-interface addresses"
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.launcher_environment(several, {}, library)
+    assert str(e.value) == _refused_library(library, where)
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.mpirun_command(several, "/opt/mpi/bin/mpirun", {},
+                                      1000, 8, library)
+    assert str(e.value) == _refused_library(library, where)
+
+
 @pytest.mark.parametrize("argv", [
     ["-np", "2", "p"], ["-np", "2", "-H", "gpu7:2", "p"],
     ["-np", "4", "-H", "a:2,b:2", "p"]])
@@ -266,8 +358,36 @@ def test_bad_network_interface_is_a_usage_error(capsys):
         runner.parse_args(["-np", "2", "--network-interface", "eth0,,ib0",
                            "p"])
     err = capsys.readouterr().err
-    assert "got 'eth0,,ib0'; expected interface names (or subnets) " \
-           "separated by commas" in err
+    assert "got 'eth0,,ib0': an empty name; expected interface names (or " \
+           "subnets) separated by commas" in err
+
+
+@pytest.mark.parametrize("value, bad", [
+    # What reached the other hosts' shell unquoted before.
+    ("eth0,x;touch${IFS}/tmp/p", "x;touch${IFS}/tmp/p"),
+    ("eth0 x", "eth0 x"),
+    ("$(reboot)", "$(reboot)"),
+    ("eth0,`id`", "`id`"),
+    ("a-name-too-long-0", "a-name-too-long-0"),  # Linux: 15 bytes at most
+    ("10.1.0.0/33", "10.1.0.0/33"),
+    ("10.1.2.300", "10.1.2.300"),
+])
+def test_network_interfaces_must_be_names_or_subnets(value, bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        runner.parse_args(["-np", "2", "--network-interface", value, "p"])
+    assert e.value.code == 2
+    assert (f"got {value!r}: {bad!r} is neither an interface name (at most "
+            f"15 letters, digits, '.', '_', '-' or ':') nor an IP address or "
+            f"subnet (such as 10.1.0.0/16); expected interface names (or "
+            f"subnets) separated by commas") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [
+    "eth0", "enp0s31f6", "ib0", "br-1a2b3c4d5e6f", "eth0.100", "eth0:1",
+    "veth_9", "10.1.0.0/16", "10.1.2.3", "fd00::/64", "fe80::1"])
+def test_interface_names_and_subnets_are_taken(value):
+    args = runner.parse_args(["-np", "2", "--network-interface", value, "p"])
+    assert args.network_interfaces == [value]
 
 
 def test_output_filename_writes_per_rank_files_into_the_directory(

@@ -51,11 +51,14 @@ def _seconds(text):
 
 def _interfaces(text):
     names = [name.strip() for name in text.split(",")]
-    if not all(names):
+    problems = [launch_command.interface_problem(name)
+                for name in names if name]
+    if not all(names) or any(problems):
+        reason = next((p for p in problems if p), "an empty name")
         raise argparse.ArgumentTypeError(
-            f"got {text!r}; expected interface names (or subnets) separated "
-            f"by commas, e.g. `--network-interface eth0` or "
-            f"`--network-interface eth0,eth1`")
+            f"got {text!r}: {reason}; expected interface names (or subnets) "
+            f"separated by commas, e.g. `--network-interface eth0` or "
+            f"`--network-interface eth0,10.1.0.0/16`")
     return names
 
 
