@@ -162,6 +162,43 @@ def test_ranks_on_one_host_use_no_tcp_transport(hosts, one_host, tmp_path):
     assert _contains(cmd, ONE_HOST) == one_host
 
 
+def _outgoing_address():
+    """This machine's address on its default route, or None without one."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # sends nothing
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("names, one_host", [
+    # Names of this machine are one host, whatever their spelling ...
+    (["localhost", "HOSTNAME"], True),
+    (["localhost", "127.0.0.1"], True),
+    (["HOSTNAME", "ADDRESS"], True),
+    # ... another machine's name is another host ...
+    (["localhost", "no-such-host.invalid"], False),
+    (["HOSTNAME", "192.0.2.254"], False),
+    # ... and one name is one host, wherever it is.
+    (["gpu7"], True),
+])
+def test_one_host_is_decided_by_what_the_names_resolve_to(names, one_host):
+    address = _outgoing_address()
+    if "ADDRESS" in names and address is None:
+        pytest.skip("this machine has no default route")
+    names = [{"HOSTNAME": socket.gethostname(), "ADDRESS": address}.get(n, n)
+             for n in names]
+    hosts = ",".join(f"{name}:1" for name in names)
+    cmd = command(["-np", str(len(names)), "-H", hosts, "p"])
+    assert _contains(cmd, ONE_HOST) == one_host, names
+    assert _contains(cmd, launch_command.FAULT_TOLERANT_MPI) != one_host
+    env = launch_command.launcher_environment(
+        runner.parse_args(["-np", "2", "-H", hosts, "p"]), {},
+        "/pkg/libtfring_loopback_listeners.so")
+    assert ("LD_PRELOAD" in env) == one_host
+
+
 @pytest.mark.parametrize("hosts, environ, fault_tolerant", [
     (["-H", "a:2,b:2"], {}, True),
     ([], {}, False),                  # one host: shared memory names the dead

