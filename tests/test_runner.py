@@ -739,3 +739,83 @@ def test_output_filename_that_cannot_be_a_directory_is_an_error(tmp_path):
     assert (f"tfringrun: error: --output-filename {blocker}/logs: cannot "
             f"create the directory (Not a directory). Expected a directory "
             f"tfringrun can create or write to.") in err
+
+
+def _output_directory_error(logs):
+    return _run([sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+                 "--output-filename", str(logs), sys.executable, "-c",
+                 "import sys; print('out'); print('err', file=sys.stderr)"],
+                mpi_launch.working_tree_env())
+
+
+@pytest.mark.parametrize("mode, writers", [
+    (0o777, "its group and every user"), (0o770, "its group"),
+    (0o703, "every user")])
+def test_output_filename_refuses_a_directory_others_can_write(
+        tmp_path, mode, writers):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(mode)
+    rc, _, err = _output_directory_error(logs)
+    assert rc == 1
+    assert (f"tfringrun: error: --output-filename {logs}: the directory is "
+            f"writable by {writers} (mode {mode:04o}) without the sticky "
+            f"bit, so another user could replace the ranks' output files "
+            f"with links to other files, which the job would then write. "
+            f"Expected a directory only you (or root) can write to, or one "
+            f"with the sticky bit. Run `chmod go-w {logs}` or choose another "
+            f"directory.") in err
+    assert os.listdir(logs) == []
+
+
+def test_output_filename_takes_a_sticky_directory(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(0o1777)  # as /tmp
+    rc, _, err = _output_directory_error(logs)
+    assert rc == 0, err
+    assert sorted(name.rsplit(".", 1)[1] for name in os.listdir(logs)) == [
+        "err", "err", "out", "out"]
+
+
+@pytest.fixture
+def other_user():
+    """A second local user (made here, removed afterwards): its name and
+    uid. Needs root and useradd."""
+    if os.geteuid() != 0:
+        pytest.skip("making a second local user needs root")
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        pytest.skip("needs useradd and userdel")
+    name = f"tfrt{os.getpid() % 100000}"
+    made = subprocess.run(["useradd", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", name],
+                          capture_output=True, text=True, timeout=60)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield name, pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def test_output_filename_refuses_another_users_directory(tmp_path,
+                                                        other_user):
+    # A directory of the other user's, mode 0755: only its owner can write
+    # there, and so can root, which runs this test. The owner could put a
+    # link named as a rank's output file there.
+    name, uid = other_user
+    logs = tmp_path / "theirs"
+    logs.mkdir(mode=0o755)
+    os.chown(logs, uid, uid)
+    planted = tmp_path / "precious"
+    planted.write_text("keep me\n")
+    rc, _, err = _output_directory_error(logs)
+    assert rc == 1
+    assert (f"tfringrun: error: --output-filename {logs}: the directory "
+            f"belongs to {name} (uid {uid}), not to you (root (uid 0)) or "
+            f"root; its owner could replace the ranks' output files with "
+            f"links to other files, which the job would then write. "
+            f"Expected a directory of your own. Choose one, e.g. "
+            f"--output-filename ~/tfring-logs.") in err
+    assert os.listdir(logs) == []
+    assert planted.read_text() == "keep me\n"

@@ -12,7 +12,9 @@
 
 import argparse
 import os
+import pwd
 import shlex
+import stat
 import sys
 
 from tfring.launcher import checks as launch_checks
@@ -152,14 +154,48 @@ def parse_args(argv):
     return args
 
 
-def _prepare_output_directory(path):
+def _user(uid):
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _prepare_output_directory(path, euid):
+    """Creates the --output-filename directory if needed, and refuses one
+    that another user could put files or links into: Open MPI names the
+    output files predictably (rank.<job id>.<rank>.out) and opens them
+    following links, so such a user could make the job write its output
+    into any file the job may write."""
     try:
         os.makedirs(path, exist_ok=True)
+        found = os.stat(path)
     except OSError as e:
         raise RunnerError(
             f"--output-filename {path}: cannot create the directory "
             f"({e.strerror}). Expected a directory tfringrun can create or "
             f"write to. Choose another path or fix its permissions.") from e
+    if found.st_uid not in (euid, 0):
+        raise RunnerError(
+            f"--output-filename {path}: the directory belongs to "
+            f"{_user(found.st_uid)}, not to you ({_user(euid)}) or root; "
+            f"its owner could replace the ranks' output files with links "
+            f"to other files, which the job would then write. Expected a "
+            f"directory of your own. Choose one, e.g. "
+            f"--output-filename ~/tfring-logs.")
+    writers = [who for who, bit in (("its group", stat.S_IWGRP),
+                                    ("every user", stat.S_IWOTH))
+               if found.st_mode & bit]
+    if writers and not found.st_mode & stat.S_ISVTX:
+        raise RunnerError(
+            f"--output-filename {path}: the directory is writable by "
+            f"{' and '.join(writers)} (mode "
+            f"{stat.S_IMODE(found.st_mode):04o}) without the sticky bit, so "
+            f"another user could replace the ranks' output files with links "
+            f"to other files, which the job would then write. Expected a "
+            f"directory only you (or root) can write to, or one with the "
+            f"sticky bit. Run `chmod go-w {shlex.quote(path)}` or choose "
+            f"another directory.")
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunnerError(
             f"--output-filename {path}: the directory is not writable. "
@@ -176,7 +212,7 @@ def main(argv=None):
         return 127
     if args.output_filename is not None and args.command:
         try:
-            _prepare_output_directory(args.output_filename)
+            _prepare_output_directory(args.output_filename, os.geteuid())
         except RunnerError as e:
             print(f"tfringrun: error: {e}", file=sys.stderr)
             return 1
