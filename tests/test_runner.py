@@ -819,3 +819,84 @@ def test_output_filename_refuses_another_users_directory(tmp_path,
             f"--output-filename ~/tfring-logs.") in err
     assert os.listdir(logs) == []
     assert planted.read_text() == "keep me\n"
+
+
+# --- stopping a job ----------------------------------------------------------
+
+_WAITS = ("import os, time; "
+          "print('ready', os.environ['OMPI_COMM_WORLD_RANK'], flush=True); "
+          "time.sleep(300)")
+
+
+def _started_job(tag):
+    """tfringrun running 2 ranks that wait, in a session of its own (as a
+    terminal's foreground job is a process group of its own), once both
+    ranks have said they are ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+         sys.executable, "-c", _WAITS],
+        env=mpi_launch.working_tree_env(**{mpi_launch.TAG_VARIABLE: tag}),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ready = [proc.stdout.readline() for _ in range(2)]
+    assert sorted(ready) == ["ready 0\n", "ready 1\n"], ready
+    return proc
+
+
+@pytest.mark.parametrize("signum, to_group, status, name", [
+    # Ctrl-C: the terminal signals the whole foreground process group.
+    (signal.SIGINT, True, 130, "SIGINT (Ctrl-C)"),
+    # `kill -INT PID`: tfringrun alone; it passes the signal on.
+    (signal.SIGINT, False, 130, "SIGINT (Ctrl-C)"),
+    (signal.SIGTERM, False, 143, "SIGTERM"),
+])
+def test_a_signal_stops_every_rank_and_is_reported(signum, to_group, status,
+                                                   name):
+    tag = f"stop-{os.getpid()}-{signum}-{to_group}"
+    proc = _started_job(tag)
+    try:
+        start = time.monotonic()
+        (os.killpg if to_group else os.kill)(proc.pid, signum)
+        out, err = proc.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        mpi_launch._kill_tagged(tag)
+    assert proc.returncode == status, err
+    assert (f"tfringrun: the job was stopped by {name}; mpirun ended every "
+            f"rank. Exit status {status}.") in err
+    # One signal reached mpirun: it did not ask for another Ctrl-C.
+    assert "Abort is in progress" not in out + err
+    assert seconds < (15 if to_group else 25), seconds
+    assert not mpi_launch._tagged_pids(tag)  # no rank left
+
+
+def test_sigusr1_sent_to_tfringrun_reaches_every_rank():
+    # As when tfringrun exec'd mpirun: mpirun passes SIGUSR1 to the ranks.
+    script = ("import os, signal, sys, time\n"
+              "got = []\n"
+              "signal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+              "print('ready', os.environ['OMPI_COMM_WORLD_RANK'], flush=True)\n"
+              "deadline = time.monotonic() + 60\n"
+              "while not got and time.monotonic() < deadline:\n"
+              "    time.sleep(0.05)\n"
+              "print('usr1' if got else 'none', flush=True)\n")
+    tag = f"usr1-{os.getpid()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+         sys.executable, "-c", script],
+        env=mpi_launch.working_tree_env(**{mpi_launch.TAG_VARIABLE: tag}),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready = [proc.stdout.readline() for _ in range(2)]
+        assert sorted(ready) == ["ready 0\n", "ready 1\n"], ready
+        os.kill(proc.pid, signal.SIGUSR1)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        mpi_launch._kill_tagged(tag)
+    assert proc.returncode == 0, err
+    assert out.split() == ["usr1", "usr1"], out + err

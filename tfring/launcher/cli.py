@@ -2,8 +2,9 @@
 #
 # Why it exists: the command-line front of the launcher. It parses the
 # arguments, runs the checks the user asked for (tfring/launcher/checks.py),
-# then builds the mpirun command (tfring/launcher/command.py) and execs it, so
-# signals and the exit status pass straight through mpirun.
+# then builds the mpirun command (tfring/launcher/command.py) and runs it
+# (tfring/launcher/supervise.py), passing mpirun's exit status on and saying
+# when a signal (Ctrl-C) stopped the job.
 #
 #   tfringrun -np 4 python train.py
 #   tfringrun -np 4 -H node1:2,node2:2 --verbose -- python train.py --epochs 3
@@ -20,6 +21,7 @@ import sys
 from tfring.launcher import checks as launch_checks
 from tfring.launcher import command as launch_command
 from tfring.launcher import knobs as launch_knobs
+from tfring.launcher import supervise as launch_supervise
 from tfring.launcher.command import RunnerError
 
 # Seconds each check's mpirun may run (a job's start needs TensorFlow to
@@ -210,27 +212,27 @@ def main(argv=None):
     except RunnerError as e:
         print(f"tfringrun: error: {e}", file=sys.stderr)
         return 127
-    if args.output_filename is not None and args.command:
-        try:
-            _prepare_output_directory(args.output_filename, os.geteuid())
-        except RunnerError as e:
-            print(f"tfringrun: error: {e}", file=sys.stderr)
-            return 1
     facts = (mpirun, os.environ, os.geteuid(), os.cpu_count())
-    if args.check_build and launch_checks.check_build(args, *facts) != 0:
+    try:
+        if args.output_filename is not None and args.command:
+            _prepare_output_directory(args.output_filename, os.geteuid())
+        if args.check_build and launch_checks.check_build(args, *facts) != 0:
+            return 1
+        if args.check_hosts and launch_checks.check_hosts(args, *facts) != 0:
+            return 1
+        if not args.command:
+            return 0
+        library = launch_command.installed_loopback_library()
+        command = launch_command.mpirun_command(args, *facts, library)
+        env = launch_command.launcher_environment(args, os.environ, library)
+    except RunnerError as e:
+        print(f"tfringrun: error: {e}", file=sys.stderr)
         return 1
-    if args.check_hosts and launch_checks.check_hosts(args, *facts) != 0:
-        return 1
-    if not args.command:
-        return 0
-    library = launch_command.installed_loopback_library()
-    command = launch_command.mpirun_command(args, *facts, library)
     if args.verbose:
         print(shlex.join(command), file=sys.stderr, flush=True)
-    env = launch_command.launcher_environment(args, os.environ, library)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(command[0], command, env)
+    return launch_supervise.run(command, env)
 
 
 if __name__ == "__main__":
