@@ -51,6 +51,43 @@ def test_double_dash_separates_the_program():
         "--odd-program"
 
 
+def test_a_python_script_runs_with_this_python():
+    assert command(["-np", "2", "train.py", "--epochs", "3"])[-4:] == [
+        sys.executable, "train.py", "--epochs", "3"]
+    assert command(["-np", "2", "--", "dir/train.py"])[-2:] == [
+        sys.executable, "dir/train.py"]
+    # Named interpreters and other programs run as given.
+    assert command(["-np", "2", "python3", "train.py"])[-2:] == [
+        "python3", "train.py"]
+    assert command(["-np", "2", "./run.sh", "x.py"])[-2:] == [
+        "./run.sh", "x.py"]
+
+
+@pytest.mark.parametrize("argv, unknown", [
+    (["-n", "2", "p"], "-n"),                  # mpirun's spelling of -np
+    (["--verbos", "-np", "2", "p"], "--verbos"),
+    (["-np", "2", "--fusion-threshold", "64", "p"], "--fusion-threshold"),
+    (["-c"], "-c"),                            # not -cb
+    (["-np", "2", "--network", "eth0", "p"], "--network"),
+])
+def test_options_are_not_abbreviated(argv, unknown, capsys):
+    with pytest.raises(SystemExit) as e:
+        runner.parse_args(argv)
+    assert e.value.code == 2
+    assert (f"tfringrun: error: unknown option {unknown}. Expected "
+            f"tfringrun's options spelled in full, as `tfringrun --help` "
+            f"lists them (`-np 2`, not `-n 2`); the program's own options go "
+            f"after the program.") in capsys.readouterr().err
+
+
+def test_documented_short_options_still_work():
+    args = runner.parse_args(["-cb", "-np", "2", "-Hlocalhost:2", "p", "-n"])
+    assert args.check_build and args.num_proc == 2
+    assert args.hosts == "localhost:2" and args.command == ["p", "-n"]
+    assert runner.parse_args(["-np", "2", "-H", "a:1,b:1", "p"]).hosts == \
+        "a:1,b:1"
+
+
 def test_root_adds_allow_run_as_root():
     assert "--allow-run-as-root" in command(["-np", "2", "p"], euid=0)
     assert "--allow-run-as-root" not in command(["-np", "2", "p"], euid=1000)
@@ -739,6 +776,20 @@ def test_output_filename_that_cannot_be_a_directory_is_an_error(tmp_path):
     assert (f"tfringrun: error: --output-filename {blocker}/logs: cannot "
             f"create the directory (Not a directory). Expected a directory "
             f"tfringrun can create or write to.") in err
+
+
+def test_a_python_script_given_without_python_runs(tmp_path):
+    # Not executable, no `python` before it: Open MPI alone would be
+    # "unable to find the specified executable".
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\n"
+                      "print('rank', os.environ['OMPI_COMM_WORLD_RANK'], "
+                      "sys.executable == sys.argv[1], flush=True)\n")
+    rc, out, err = _run(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2", "train.py",
+         sys.executable], mpi_launch.working_tree_env(), cwd=tmp_path)
+    assert rc == 0, err
+    assert sorted(out.splitlines()) == ["rank 0 True", "rank 1 True"], out
 
 
 def _output_directory_error(logs):

@@ -66,9 +66,24 @@ def _interfaces(text):
     return names
 
 
+class _ExactOptionParser(argparse.ArgumentParser):
+    """An argument parser that takes options only as spelled in full.
+
+    allow_abbrev=False turns off abbreviations of `--long` options only;
+    a single-dash prefix (`-n` for `-np`) would still be taken. tfringrun
+    passes everything after the program on to it, so a misspelt option of
+    tfringrun's must be an error, not a guess."""
+
+    def _get_option_tuples(self, option_string):
+        # Keep an option followed by its value in the same word (`-H
+        # node1:2` as `-Hnode1:2`); drop the prefixes of longer options.
+        return [found for found in super()._get_option_tuples(option_string)
+                if option_string.startswith(found[1])]
+
+
 def _parser():
-    parser = argparse.ArgumentParser(
-        prog="tfringrun",
+    parser = _ExactOptionParser(
+        prog="tfringrun", allow_abbrev=False,
         description="Run a tfring training script on N processes with "
                     "mpirun, or check that this machine and the hosts can.",
         epilog="examples: tfringrun -np 2 python train.py --steps 10; "
@@ -116,7 +131,8 @@ def _parser():
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="the program and its arguments (put `--` before it if it "
-             "starts with a dash); optional with --check-build or "
+             "starts with a dash; a program named *.py runs with the Python "
+             "running tfringrun); optional with --check-build or "
              "--check-hosts, which then run before it")
     return parser
 
@@ -127,9 +143,17 @@ def parse_args(argv):
     Also reads the host list (`args.host_entries`, empty for this machine)
     and checks the TFRING_* flags against each other."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(
+            f"unknown option {' '.join(unknown)}. Expected tfringrun's "
+            f"options spelled in full, as `tfringrun --help` lists them "
+            f"(`-np 2`, not `-n 2`); the program's own options go after the "
+            f"program.")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    args.command = launch_command.program_command(args.command,
+                                                  sys.executable)
     checking = args.check_build or args.check_hosts
     if not args.command and not checking:
         parser.error("no command given; expected the program to run on every "

@@ -401,6 +401,16 @@ def forwarded_environment(args, environ):
     return options
 
 
+def program_command(command, python):
+    """The command the ranks run: a program named `*.py` runs with `python`
+    (the interpreter running tfringrun), as `python train.py` would;
+    mpirun itself would look for an executable file of that name and say it
+    is "unable to find the specified executable"."""
+    if command and command[0].endswith(".py"):
+        return [python] + list(command)
+    return list(command)
+
+
 def mpirun_command(args, mpirun, environ, euid, cpu_count,
                    loopback_library=None):
     """Builds the full mpirun command line for parsed `args`.
