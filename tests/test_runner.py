@@ -564,6 +564,52 @@ def test_every_knob_of_the_core_has_a_flag():
     assert declared == with_flags
 
 
+def _help_of_each_flag():
+    """{first option string: its help text as `tfringrun --help` shows it}."""
+    parser = runner._parser()
+    formatter = parser._get_formatter()
+    return {action.option_strings[0]: formatter._expand_help(action)
+            for action in parser._actions
+            if action.option_strings and action.help}
+
+
+def test_help_shows_the_cores_defaults():
+    defaults = {entry["env"]: entry["default"] for entry in _core.config()}
+    helps = _help_of_each_flag()
+    assert "(default 1800)" in helps["--stall-check-shutdown-time-seconds"]
+    assert defaults["TFRING_STALL_SHUTDOWN_TIME_SECONDS"] == "1800"
+    shown = 0
+    for knob in launch_knobs.KNOB_FLAGS:
+        text = helps[knob.flags[0]]
+        match = re.search(r"\(default ([^)]+)\)", text)
+        core = defaults[knob.env]
+        if knob.kind is None or core == "":
+            assert match is None, (knob.flags[0], text)
+            continue
+        assert match, (knob.flags[0], text)
+        value = match.group(1)
+        # Back in the core's unit, the shown default is the core's.
+        if knob.kind is launch_knobs.MIB:
+            assert float(value) * 1024 * 1024 == float(core), knob.flags[0]
+        elif knob.choices:
+            assert launch_knobs.LOG_LEVELS.index(value) == int(core)
+        else:
+            assert float(value) == float(core), (knob.flags[0], value, core)
+        shown += 1
+    assert shown >= 15
+
+
+def test_the_generated_flag_table_shows_the_cores_defaults():
+    sys.path.insert(0, os.path.join(REPO, "docs", "hooks"))
+    try:
+        import generated
+    finally:
+        sys.path.pop(0)
+    [row] = [line for line in generated.tfringrun_flags().splitlines()
+             if line.startswith("| `--stall-check-shutdown-time-seconds")]
+    assert "0 never (default 1800)" in row, row
+
+
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cmd = command(["-np", "2", "--timeline-filename", "t.json",
