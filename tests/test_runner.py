@@ -567,6 +567,7 @@ def test_every_knob_of_the_core_has_a_flag():
 def _help_of_each_flag():
     """{first option string: its help text as `tfringrun --help` shows it}."""
     parser = runner._parser()
+    parser.format_help()  # as `tfringrun --help` does: the defaults
     formatter = parser._get_formatter()
     return {action.option_strings[0]: formatter._expand_help(action)
             for action in parser._actions

@@ -67,12 +67,18 @@ def _interfaces(text):
 
 
 class _ExactOptionParser(argparse.ArgumentParser):
-    """An argument parser that takes options only as spelled in full.
+    """An argument parser that takes options only as spelled in full, and
+    shows the core's defaults in its help.
 
     allow_abbrev=False turns off abbreviations of `--long` options only;
     a single-dash prefix (`-n` for `-np`) would still be taken. tfringrun
     passes everything after the program on to it, so a misspelt option of
     tfringrun's must be an error, not a guess."""
+
+    def format_help(self):
+        # The knobs' defaults come from the core, loaded only for the help.
+        launch_knobs.show_defaults(self)
+        return super().format_help()
 
     def _get_option_tuples(self, option_string):
         # Keep an option followed by its value in the same word (`-H

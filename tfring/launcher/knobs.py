@@ -176,16 +176,21 @@ KNOB_FLAGS = (
 
 
 def core_defaults():
-    """{TFRING_* variable: its default}, as the core declares them."""
-    from tfring import _core  # the core's library; loads no framework
+    """{TFRING_* variable: its default}, as the core declares them; empty
+    where the core's library does not load (a broken installation: the
+    help then shows no defaults, and a job still starts)."""
+    try:
+        from tfring import _core  # the core's library; loads no framework
+    except ImportError:
+        return {}
     return {entry["env"]: entry["default"] for entry in _core.config()}
 
 
 def shown_default(knob, default):
     """The core's `default` for `knob`'s variable in the flag's own unit
     (MiB for `-mb` flags, a level's name), or None for a switch or an
-    empty default."""
-    if knob.kind is None or default == "":
+    empty (or unknown) default."""
+    if knob.kind is None or not default:
         return None
     if knob.choices and default.isdigit():
         return knob.choices[int(default)]
@@ -194,29 +199,45 @@ def shown_default(knob, default):
     return default
 
 
+def _help(knob, defaults):
+    default = shown_default(knob, defaults.get(knob.env))
+    shown = "" if default is None else f" (default {default})"
+    return f"{knob.help}{shown} [{knob.env}]"
+
+
 def add_arguments(parser):
-    """Adds one argument per KNOB_FLAGS entry to an argparse parser; each
-    help text ends with the core's default and the variable."""
+    """Adds one argument per KNOB_FLAGS entry to an argparse parser. The
+    help texts get the core's defaults from show_defaults(), when help is
+    shown: a job's start does not load the core's library."""
     group = parser.add_argument_group(
         "tfring settings (each sets a TFRING_* variable for every rank)")
-    defaults = core_defaults()
     for knob in KNOB_FLAGS:
-        default = shown_default(knob, defaults[knob.env])
-        shown = "" if default is None else f" (default {default})"
-        help_text = f"{knob.help}{shown} [{knob.env}]"
+        help_text = _help(knob, {})
         if knob.kind is None:
-            group.add_argument(*knob.flags, dest=knob.dest,
-                               action="store_const", const=knob.const,
-                               default=None, help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, action="store_const",
+                const=knob.const, default=None, help=help_text)
         elif knob.choices:
-            group.add_argument(*knob.flags, dest=knob.dest, default=None,
-                               type=str.lower, choices=knob.choices,
-                               metavar="{" + ",".join(knob.choices) + "}",
-                               help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, default=None, type=str.lower,
+                choices=knob.choices,
+                metavar="{" + ",".join(knob.choices) + "}", help=help_text)
         else:
-            group.add_argument(*knob.flags, dest=knob.dest, default=None,
-                               type=knob.kind.argument_type(knob.flags[0]),
-                               metavar=knob.kind.metavar, help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, default=None,
+                type=knob.kind.argument_type(knob.flags[0]),
+                metavar=knob.kind.metavar, help=help_text)
+        action.tfring_knob = knob
+
+
+def show_defaults(parser):
+    """Ends the help text of every knob flag of `parser` with the core's
+    default for its variable, in the flag's unit."""
+    defaults = core_defaults()
+    for action in parser._actions:
+        knob = getattr(action, "tfring_knob", None)
+        if knob is not None:
+            action.help = _help(knob, defaults)
 
 
 def settings(args):
