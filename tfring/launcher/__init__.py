@@ -5,7 +5,7 @@ never uses TensorFlow or PyTorch, so nothing here imports them but the
 checks (its `--help` answers at once, and it runs where neither is
 installed); of the core it reads only the knobs' defaults.
 
-  cli.py        the command line: parses, runs the checks asked for, runs mpirun
+  cli.py        the command line: parses, runs the checks asked for and mpirun
   supervise.py  waits for mpirun, passes its exit status on, reports Ctrl-C
   command.py    hosts and the mpirun command line
   knobs.py      the TFRING_* flags, one table
