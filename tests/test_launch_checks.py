@@ -9,6 +9,7 @@
 # name it), and with a fake mpirun that hangs (the check must end at its
 # time limit and leave no process behind).
 
+import importlib.util
 import io
 import json
 import os
@@ -169,6 +170,67 @@ def test_a_job_that_does_not_finish_says_how(returncode, ending):
         f"Expected both ranks to start tfring, allreduce and exit within "
         f"60 s. If the machine is only slow, raise --start-timeout")
     assert "    prterun: something went wrong" in finding.problem
+
+
+# --- the tfring.torch job ----------------------------------------------------
+
+def _torch_report(rank, **changes):
+    floats, ints = launch_probes.expected_sums(2)
+    report = {"hostname": "node1", "launch_rank": rank, "error": None,
+              "torch": "2.13.0+cpu", "rank": rank, "size": 2,
+              "float_sum": floats, "int_sum": ints}
+    report.update(changes)
+    return report
+
+
+def test_a_working_torch_job_reports_torch_and_the_sums():
+    findings = launch_checks.torch_job_findings(
+        _result([_torch_report(1), _torch_report(0)]), 60)
+    assert not [f for f in findings if f.problem]
+    assert _lines(findings) == [
+        "  PyTorch           2.13.0+cpu; tfring.torch imports",
+        "  torch allreduce   ok: Sum gave float32 [3.0, 30.0] and int32 "
+        "[3, -3] on both ranks (4.2 s)"]
+
+
+def test_a_torch_job_that_fails_names_the_rank_and_the_error():
+    reports = [_torch_report(0), {
+        "hostname": "node1", "launch_rank": 1, "torch": "2.0.1",
+        "error": "ImportError: tfring.torch needs torch 2.1 or later",
+        "traceback": ""}]
+    [finding] = launch_checks.torch_job_findings(_result(reports, 1), 60)
+    assert finding.line() == "  PyTorch           FAILED: 2.0.1"
+    assert finding.problem.startswith(
+        "rank 1 of the 2-rank tfring.torch check job on node1 failed: "
+        "ImportError: tfring.torch needs torch 2.1 or later. Expected "
+        "tfring.torch to import with torch 2.0.1 and tfring.torch.init() and "
+        "two allreduces to succeed.")
+
+
+def test_a_torch_job_with_a_wrong_sum_or_no_end_fails():
+    reports = [_torch_report(0), _torch_report(1, float_sum=[3.0, 3.0])]
+    problems = [f for f in launch_checks.torch_job_findings(
+        _result(reports), 60) if f.problem]
+    assert problems[0].problem.startswith(
+        "rank 1 got float32 [3.0, 3.0] and int32 [3, -3] from tfring.torch "
+        "Sum allreduces. Expected [3.0, 30.0] and [3, -3].")
+    [finding] = launch_checks.torch_job_findings(
+        _result([_torch_report(0)], None), 60)
+    assert finding.problem.startswith(
+        "the 2-rank tfring.torch check job ran past the 60 s limit after "
+        "4.2 s with 1 of 2 reports.")
+
+
+def test_without_torch_the_build_check_says_so_and_passes(monkeypatch):
+    real = launch_checks.importlib.util.find_spec
+    monkeypatch.setattr(launch_checks.importlib.util, "find_spec",
+                        lambda name: None if name == "torch" else real(name))
+    findings, tensorflow_loads, torch_installed = \
+        launch_checks._local_build_findings()
+    assert tensorflow_loads and not torch_installed
+    assert "  PyTorch           not installed (tfring.torch needs it, " \
+           "TensorFlow jobs do not)" in _lines(findings)
+    assert not [f for f in findings if f.problem]
 
 
 # --- comparing hosts ---------------------------------------------------------
@@ -359,6 +421,19 @@ def test_check_build_passes_here():
     assert any(line.startswith("  2-rank allreduce  ok: Sum gave float32 "
                                "[3.0, 30.0] and int32 [3, -3] on both ranks")
                for line in lines), out
+    # tfring.torch, checked where torch is installed (without importing it
+    # into a process that has TensorFlow).
+    if importlib.util.find_spec("torch") is not None:
+        version = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.__version__)"],
+            capture_output=True, text=True, timeout=300).stdout.strip()
+        assert f"  PyTorch           {version}; tfring.torch imports" in lines
+        assert any(line.startswith(
+            "  torch allreduce   ok: Sum gave float32 [3.0, 30.0] and int32 "
+            "[3, -3] on both ranks") for line in lines), out
+    else:
+        assert ("  PyTorch           not installed (tfring.torch needs it, "
+                "TensorFlow jobs do not)") in lines
     assert lines[-1] == "all checks passed"
 
 

@@ -316,3 +316,43 @@ def test_plain_mpirun_ranks_do_listen_on_every_address(tmp_path):
     for pid, (_, sockets) in ranks.items():
         assert any(protocol.startswith("tcp") and _is_wildcard(address)
                    for protocol, address, _ in sockets), (pid, sockets)
+
+
+def test_two_names_of_this_machine_are_one_host(tmp_path):
+    # `-H localhost:1,<hostname>:1` names this machine twice: mpirun runs
+    # both ranks here, so tfringrun must treat the job as a one-host job
+    # (no TCP transport in the ranks, mpirun on loopback), not as a job
+    # across two hosts that listens on every address.
+    pytest.importorskip("mpi4py")
+    release = tmp_path / "release"
+    script = ("import os, sys, time\n"
+              "from mpi4py import MPI\n"
+              "c = MPI.COMM_WORLD\n"
+              "print(f'ready rank {c.Get_rank()} of {c.Get_size()}', "
+              "flush=True)\n"
+              "deadline = time.monotonic() + 120\n"
+              "while not os.path.exists(sys.argv[1]) and "
+              "time.monotonic() < deadline:\n"
+              "    time.sleep(0.1)\n"
+              "c.Barrier()\n")
+    hosts = f"localhost:1,{socket.gethostname()}:1"
+    job = _Job([sys.executable, "-m", "tfring.launcher.cli", "--verbose",
+                "-np", "2", "-H", hosts, sys.executable, "-c", script,
+                str(release)], mpi_launch.working_tree_env())
+    try:
+        job.wait_for_lines("ready rank", 2, START_SECONDS)
+        listeners = job.listeners()
+    finally:
+        release.touch()
+    assert job.finish(60) == 0, "\n".join(job.lines)
+    output = "\n".join(job.lines)
+    assert sorted(line for line in job.lines if line.startswith("ready")) == \
+        ["ready rank 0 of 2", "ready rank 1 of 2"], output
+    assert "--mca btl self,sm" in output  # the --verbose echo
+    ranks = _ranks(listeners, script="-c")
+    assert len(ranks) == 2, listeners
+    for pid, (argv, sockets) in listeners.items():
+        for protocol, address, port in sockets:
+            assert pid not in ranks, f"rank {pid} listens on {sockets}"
+            assert _is_loopback(address), \
+                f"{argv} listens on {protocol} {address}:{port}"

@@ -262,21 +262,31 @@ def _listeners_on(host):
     return found
 
 
-def test_with_a_network_interface_the_job_listens_only_on_it(hosts,
-                                                             tmp_path):
+@pytest.mark.parametrize("mpirun_directory", [None, "open mpi/bin"])
+def test_with_a_network_interface_the_job_listens_only_on_it(
+        hosts, tmp_path, mpirun_directory):
     # Open MPI and PRRTE bind their listeners to every address; tfringrun
     # preloads libtfring_loopback_listeners.so into mpirun, the daemons on
     # the other hosts and the ranks, which keeps Open MPI's own listeners
     # on the chosen interface (or loopback). A server the user's script
-    # opens still listens where it asks (0.0.0.0 here).
+    # opens still listens where it asks (0.0.0.0 here). With mpirun under
+    # a path with a space, the daemons start through the same quoted
+    # launch agent, and the job is held to the interface just the same.
     release = tmp_path / "release"
     script = REPO / "tests" / "job_scripts" / "waiting_job.py"
-    argv = [sys.executable, "-m", "tfring.launcher.cli", "-np", "4",
-            "-H", "hostA:2,hostB:2", "--network-interface",
+    argv = [sys.executable, "-m", "tfring.launcher.cli", "--verbose",
+            "-np", "4", "-H", "hostA:2,hostB:2", "--network-interface",
             str(netns_hosts.SUBNET), sys.executable, str(script),
             str(release), "--user-server"]
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                **hosts.mpi_env())
+    if mpirun_directory:
+        spaced = tmp_path / mpirun_directory
+        spaced.mkdir(parents=True)
+        for program in ("mpirun", "prted"):
+            (spaced / program).symlink_to(
+                Path(mpi_launch.mpirun_path()).parent / program)
+        env["TFRING_MPIRUN"] = str(spaced / "mpirun")
     # Read in the background: a job that stops printing fails the test at
     # the deadline instead of blocking it.
     job = _Job(hosts[0].enter(argv, cwd=REPO), env)
@@ -288,6 +298,9 @@ def test_with_a_network_interface_the_job_listens_only_on_it(hosts,
     returncode = job.finish(120)
     output = "\n".join(job.lines)
     assert returncode == 0, output
+    if mpirun_directory:  # the --verbose echo: the daemons' launch agent
+        assert "prte_launch_agent" in output and str(
+            tmp_path / mpirun_directory / "prted") in output, output
     user_ports = {int(port) for port in re.findall(
         r"^user server rank \d port (\d+)$", output, re.MULTILINE)}
     assert len(user_ports) >= 2, output

@@ -5,9 +5,15 @@
 # flags reach every rank and that --output-filename writes per-rank files.
 
 import os
+import pwd
+import re
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,6 +49,43 @@ def test_options_after_the_program_belong_to_the_program():
 def test_double_dash_separates_the_program():
     assert command(["--verbose", "-np", "2", "--", "--odd-program"])[-1] == \
         "--odd-program"
+
+
+def test_a_python_script_runs_with_this_python():
+    assert command(["-np", "2", "train.py", "--epochs", "3"])[-4:] == [
+        sys.executable, "train.py", "--epochs", "3"]
+    assert command(["-np", "2", "--", "dir/train.py"])[-2:] == [
+        sys.executable, "dir/train.py"]
+    # Named interpreters and other programs run as given.
+    assert command(["-np", "2", "python3", "train.py"])[-2:] == [
+        "python3", "train.py"]
+    assert command(["-np", "2", "./run.sh", "x.py"])[-2:] == [
+        "./run.sh", "x.py"]
+
+
+@pytest.mark.parametrize("argv, unknown", [
+    (["-n", "2", "p"], "-n"),                  # mpirun's spelling of -np
+    (["--verbos", "-np", "2", "p"], "--verbos"),
+    (["-np", "2", "--fusion-threshold", "64", "p"], "--fusion-threshold"),
+    (["-c"], "-c"),                            # not -cb
+    (["-np", "2", "--network", "eth0", "p"], "--network"),
+])
+def test_options_are_not_abbreviated(argv, unknown, capsys):
+    with pytest.raises(SystemExit) as e:
+        runner.parse_args(argv)
+    assert e.value.code == 2
+    assert (f"tfringrun: error: unknown option {unknown}. Expected "
+            f"tfringrun's options spelled in full, as `tfringrun --help` "
+            f"lists them (`-np 2`, not `-n 2`); the program's own options go "
+            f"after the program.") in capsys.readouterr().err
+
+
+def test_documented_short_options_still_work():
+    args = runner.parse_args(["-cb", "-np", "2", "-Hlocalhost:2", "p", "-n"])
+    assert args.check_build and args.num_proc == 2
+    assert args.hosts == "localhost:2" and args.command == ["p", "-n"]
+    assert runner.parse_args(["-np", "2", "-H", "a:1,b:1", "p"]).hosts == \
+        "a:1,b:1"
 
 
 def test_root_adds_allow_run_as_root():
@@ -156,6 +199,43 @@ def test_ranks_on_one_host_use_no_tcp_transport(hosts, one_host, tmp_path):
     assert _contains(cmd, ONE_HOST) == one_host
 
 
+def _outgoing_address():
+    """This machine's address on its default route, or None without one."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # sends nothing
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("names, one_host", [
+    # Names of this machine are one host, whatever their spelling ...
+    (["localhost", "HOSTNAME"], True),
+    (["localhost", "127.0.0.1"], True),
+    (["HOSTNAME", "ADDRESS"], True),
+    # ... another machine's name is another host ...
+    (["localhost", "no-such-host.invalid"], False),
+    (["HOSTNAME", "192.0.2.254"], False),
+    # ... and one name is one host, wherever it is.
+    (["gpu7"], True),
+])
+def test_one_host_is_decided_by_what_the_names_resolve_to(names, one_host):
+    address = _outgoing_address()
+    if "ADDRESS" in names and address is None:
+        pytest.skip("this machine has no default route")
+    names = [{"HOSTNAME": socket.gethostname(), "ADDRESS": address}.get(n, n)
+             for n in names]
+    hosts = ",".join(f"{name}:1" for name in names)
+    cmd = command(["-np", str(len(names)), "-H", hosts, "p"])
+    assert _contains(cmd, ONE_HOST) == one_host, names
+    assert _contains(cmd, launch_command.FAULT_TOLERANT_MPI) != one_host
+    env = launch_command.launcher_environment(
+        runner.parse_args(["-np", "2", "-H", hosts, "p"]), {},
+        "/pkg/libtfring_loopback_listeners.so")
+    assert ("LD_PRELOAD" in env) == one_host
+
+
 @pytest.mark.parametrize("hosts, environ, fault_tolerant", [
     (["-H", "a:2,b:2"], {}, True),
     ([], {}, False),                  # one host: shared memory names the dead
@@ -229,6 +309,92 @@ def test_named_interfaces_hold_every_listener_of_a_multi_host_job():
                        for word in cmd)
 
 
+def _agent(cmd):
+    return cmd[cmd.index("prte_launch_agent") + 1]
+
+
+MULTI_HOST_ON_ETH1 = ["-np", "4", "-H", "a:2,b:2", "--network-interface",
+                      "eth1", "p"]
+
+
+@pytest.mark.parametrize("mpirun, environ, words", [
+    # A path with spaces: one quoted word, which PRRTE keeps (it cuts the
+    # agent at single spaces and joins the pieces again with one).
+    ("/opt/my mpi/bin/mpirun", {},
+     ["env", "LD_PRELOAD=/pkg/libtfring_loopback_listeners.so",
+      "TFRING_LISTEN_ON=eth1", "/opt/my mpi/bin/prted"]),
+    # Shell metacharacters in a path are quoted too.
+    ("/opt/$(x);y/bin/mpirun", {},
+     ["env", "LD_PRELOAD=/pkg/libtfring_loopback_listeners.so",
+      "TFRING_LISTEN_ON=eth1", "/opt/$(x);y/bin/prted"]),
+    # The user's preloads, separated by spaces (as the loader allows), are
+    # joined by colons: the restriction is kept.
+    ("/opt/mpi/bin/mpirun", {"LD_PRELOAD": " /opt/a.so /opt/b.so:/c.so "},
+     ["env", "LD_PRELOAD=/pkg/libtfring_loopback_listeners.so:/opt/a.so:"
+             "/opt/b.so:/c.so",
+      "TFRING_LISTEN_ON=eth1", "/opt/mpi/bin/prted"]),
+])
+def test_every_word_of_the_launch_agent_is_quoted(mpirun, environ, words):
+    library = "/pkg/libtfring_loopback_listeners.so"
+    cmd = launch_command.mpirun_command(
+        runner.parse_args(MULTI_HOST_ON_ETH1), mpirun, environ, 1000, 8,
+        library)
+    agent = _agent(cmd)
+    # PRRTE cuts the agent at spaces and joins the words again with one;
+    # the other host's shell then reads it (here: sh prints the words).
+    joined = " ".join(word for word in agent.split(" ") if word)
+    printed = subprocess.run(["sh", "-c", "printf '%s\\n' " + joined],
+                             capture_output=True, text=True, timeout=60)
+    assert printed.stdout.splitlines() == words, printed.stderr
+    assert _contains(cmd, ["-x", words[1]])
+    assert _contains(cmd, ["-x", "TFRING_LISTEN_ON=eth1"])
+
+
+def test_a_daemon_path_prrte_cannot_keep_is_refused():
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.mpirun_command(
+            runner.parse_args(MULTI_HOST_ON_ETH1), "/opt/my  mpi/bin/mpirun",
+            {}, 1000, 8, "/pkg/libtfring_loopback_listeners.so")
+    assert str(e.value).startswith(
+        "mpirun is at '/opt/my  mpi/bin/mpirun': tfringrun starts the "
+        "daemons on the other hosts as '/opt/my  mpi/bin/prted', through "
+        "PRRTE's launch agent, which cuts its command line at spaces and "
+        "cannot keep a path with several spaces in a row, tabs or newlines. "
+        "Expected a path without them, or the daemons would listen on every "
+        "address despite --network-interface.")
+
+
+def _refused_library(library, where):
+    return (f"tfring is installed at {os.path.dirname(library)!r}, a path "
+            f"with whitespace or ':'. tfringrun preloads "
+            f"libtfring_loopback_listeners.so from there into mpirun to keep "
+            f"its listeners {where}, and LD_PRELOAD cannot name a file whose "
+            f"path has whitespace or ':' (the loader splits the list there). "
+            f"Expected an installation path without them: install tfring "
+            f"(its Python environment) under such a path.")
+
+
+@pytest.mark.parametrize("library", [
+    "/my pkgs/tfring/launcher/libtfring_loopback_listeners.so",
+    "/pkgs:x/tfring/launcher/libtfring_loopback_listeners.so"])
+def test_a_library_ld_preload_cannot_name_is_refused(library):
+    # The loader splits LD_PRELOAD at spaces and colons: the library would
+    # not load, and the listeners would bind to every address.
+    one_host = runner.parse_args(["-np", "2", "p"])
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.launcher_environment(one_host, {}, library)
+    assert str(e.value) == _refused_library(library, "on loopback")
+    several = runner.parse_args(MULTI_HOST_ON_ETH1)
+    where = "on the --network-interface addresses"
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.launcher_environment(several, {}, library)
+    assert str(e.value) == _refused_library(library, where)
+    with pytest.raises(launch_command.RunnerError) as e:
+        launch_command.mpirun_command(several, "/opt/mpi/bin/mpirun", {},
+                                      1000, 8, library)
+    assert str(e.value) == _refused_library(library, where)
+
+
 @pytest.mark.parametrize("argv", [
     ["-np", "2", "p"], ["-np", "2", "-H", "gpu7:2", "p"],
     ["-np", "4", "-H", "a:2,b:2", "p"]])
@@ -266,8 +432,36 @@ def test_bad_network_interface_is_a_usage_error(capsys):
         runner.parse_args(["-np", "2", "--network-interface", "eth0,,ib0",
                            "p"])
     err = capsys.readouterr().err
-    assert "got 'eth0,,ib0'; expected interface names (or subnets) " \
-           "separated by commas" in err
+    assert "got 'eth0,,ib0': an empty name; expected interface names (or " \
+           "subnets) separated by commas" in err
+
+
+@pytest.mark.parametrize("value, bad", [
+    # What reached the other hosts' shell unquoted before.
+    ("eth0,x;touch${IFS}/tmp/p", "x;touch${IFS}/tmp/p"),
+    ("eth0 x", "eth0 x"),
+    ("$(reboot)", "$(reboot)"),
+    ("eth0,`id`", "`id`"),
+    ("a-name-too-long-0", "a-name-too-long-0"),  # Linux: 15 bytes at most
+    ("10.1.0.0/33", "10.1.0.0/33"),
+    ("10.1.2.300", "10.1.2.300"),
+])
+def test_network_interfaces_must_be_names_or_subnets(value, bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        runner.parse_args(["-np", "2", "--network-interface", value, "p"])
+    assert e.value.code == 2
+    assert (f"got {value!r}: {bad!r} is neither an interface name (at most "
+            f"15 letters, digits, '.', '_', '-' or ':') nor an IP address or "
+            f"subnet (such as 10.1.0.0/16); expected interface names (or "
+            f"subnets) separated by commas") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [
+    "eth0", "enp0s31f6", "ib0", "br-1a2b3c4d5e6f", "eth0.100", "eth0:1",
+    "veth_9", "10.1.0.0/16", "10.1.2.3", "fd00::/64", "fe80::1"])
+def test_interface_names_and_subnets_are_taken(value):
+    args = runner.parse_args(["-np", "2", "--network-interface", value, "p"])
+    assert args.network_interfaces == [value]
 
 
 def test_output_filename_writes_per_rank_files_into_the_directory(
@@ -368,6 +562,53 @@ def test_every_knob_of_the_core_has_a_flag():
     declared = {entry["env"] for entry in _core.config()}
     with_flags = {knob.env for knob in launch_knobs.KNOB_FLAGS}
     assert declared == with_flags
+
+
+def _help_of_each_flag():
+    """{first option string: its help text as `tfringrun --help` shows it}."""
+    parser = runner._parser()
+    parser.format_help()  # as `tfringrun --help` does: the defaults
+    formatter = parser._get_formatter()
+    return {action.option_strings[0]: formatter._expand_help(action)
+            for action in parser._actions
+            if action.option_strings and action.help}
+
+
+def test_help_shows_the_cores_defaults():
+    defaults = {entry["env"]: entry["default"] for entry in _core.config()}
+    helps = _help_of_each_flag()
+    assert "(default 1800)" in helps["--stall-check-shutdown-time-seconds"]
+    assert defaults["TFRING_STALL_SHUTDOWN_TIME_SECONDS"] == "1800"
+    shown = 0
+    for knob in launch_knobs.KNOB_FLAGS:
+        text = helps[knob.flags[0]]
+        match = re.search(r"\(default ([^)]+)\)", text)
+        core = defaults[knob.env]
+        if knob.kind is None or core == "":
+            assert match is None, (knob.flags[0], text)
+            continue
+        assert match, (knob.flags[0], text)
+        value = match.group(1)
+        # Back in the core's unit, the shown default is the core's.
+        if knob.kind is launch_knobs.MIB:
+            assert float(value) * 1024 * 1024 == float(core), knob.flags[0]
+        elif knob.choices:
+            assert launch_knobs.LOG_LEVELS.index(value) == int(core)
+        else:
+            assert float(value) == float(core), (knob.flags[0], value, core)
+        shown += 1
+    assert shown >= 15
+
+
+def test_the_generated_flag_table_shows_the_cores_defaults():
+    sys.path.insert(0, os.path.join(REPO, "docs", "hooks"))
+    try:
+        import generated
+    finally:
+        sys.path.pop(0)
+    [row] = [line for line in generated.tfringrun_flags().splitlines()
+             if line.startswith("| `--stall-check-shutdown-time-seconds")]
+    assert "0 never (default 1800)" in row, row
 
 
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):
@@ -582,3 +823,179 @@ def test_output_filename_that_cannot_be_a_directory_is_an_error(tmp_path):
     assert (f"tfringrun: error: --output-filename {blocker}/logs: cannot "
             f"create the directory (Not a directory). Expected a directory "
             f"tfringrun can create or write to.") in err
+
+
+def test_a_python_script_given_without_python_runs(tmp_path):
+    # Not executable, no `python` before it: Open MPI alone would be
+    # "unable to find the specified executable".
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\n"
+                      "print('rank', os.environ['OMPI_COMM_WORLD_RANK'], "
+                      "sys.executable == sys.argv[1], flush=True)\n")
+    rc, out, err = _run(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2", "train.py",
+         sys.executable], mpi_launch.working_tree_env(), cwd=tmp_path)
+    assert rc == 0, err
+    assert sorted(out.splitlines()) == ["rank 0 True", "rank 1 True"], out
+
+
+def _output_directory_error(logs):
+    return _run([sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+                 "--output-filename", str(logs), sys.executable, "-c",
+                 "import sys; print('out'); print('err', file=sys.stderr)"],
+                mpi_launch.working_tree_env())
+
+
+@pytest.mark.parametrize("mode, writers", [
+    (0o777, "its group and every user"), (0o770, "its group"),
+    (0o703, "every user")])
+def test_output_filename_refuses_a_directory_others_can_write(
+        tmp_path, mode, writers):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(mode)
+    rc, _, err = _output_directory_error(logs)
+    assert rc == 1
+    assert (f"tfringrun: error: --output-filename {logs}: the directory is "
+            f"writable by {writers} (mode {mode:04o}) without the sticky "
+            f"bit, so another user could replace the ranks' output files "
+            f"with links to other files, which the job would then write. "
+            f"Expected a directory only you (or root) can write to, or one "
+            f"with the sticky bit. Run `chmod go-w {logs}` or choose another "
+            f"directory.") in err
+    assert os.listdir(logs) == []
+
+
+def test_output_filename_takes_a_sticky_directory(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(0o1777)  # as /tmp
+    rc, _, err = _output_directory_error(logs)
+    assert rc == 0, err
+    assert sorted(name.rsplit(".", 1)[1] for name in os.listdir(logs)) == [
+        "err", "err", "out", "out"]
+
+
+@pytest.fixture
+def other_user():
+    """A second local user (made here, removed afterwards): its name and
+    uid. Needs root and useradd."""
+    if os.geteuid() != 0:
+        pytest.skip("making a second local user needs root")
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        pytest.skip("needs useradd and userdel")
+    name = f"tfrt{os.getpid() % 100000}"
+    made = subprocess.run(["useradd", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", name],
+                          capture_output=True, text=True, timeout=60)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield name, pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def test_output_filename_refuses_another_users_directory(tmp_path,
+                                                        other_user):
+    # A directory of the other user's, mode 0755: only its owner can write
+    # there, and so can root, which runs this test. The owner could put a
+    # link named as a rank's output file there.
+    name, uid = other_user
+    logs = tmp_path / "theirs"
+    logs.mkdir(mode=0o755)
+    os.chown(logs, uid, uid)
+    planted = tmp_path / "precious"
+    planted.write_text("keep me\n")
+    rc, _, err = _output_directory_error(logs)
+    assert rc == 1
+    assert (f"tfringrun: error: --output-filename {logs}: the directory "
+            f"belongs to {name} (uid {uid}), not to you (root (uid 0)) or "
+            f"root; its owner could replace the ranks' output files with "
+            f"links to other files, which the job would then write. "
+            f"Expected a directory of your own. Choose one, e.g. "
+            f"--output-filename ~/tfring-logs.") in err
+    assert os.listdir(logs) == []
+    assert planted.read_text() == "keep me\n"
+
+
+# --- stopping a job ----------------------------------------------------------
+
+_WAITS = ("import os, time; "
+          "print('ready', os.environ['OMPI_COMM_WORLD_RANK'], flush=True); "
+          "time.sleep(300)")
+
+
+def _started_job(tag):
+    """tfringrun running 2 ranks that wait, in a session of its own (as a
+    terminal's foreground job is a process group of its own), once both
+    ranks have said they are ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+         sys.executable, "-c", _WAITS],
+        env=mpi_launch.working_tree_env(**{mpi_launch.TAG_VARIABLE: tag}),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ready = [proc.stdout.readline() for _ in range(2)]
+    assert sorted(ready) == ["ready 0\n", "ready 1\n"], ready
+    return proc
+
+
+@pytest.mark.parametrize("signum, to_group, status, name", [
+    # Ctrl-C: the terminal signals the whole foreground process group.
+    (signal.SIGINT, True, 130, "SIGINT (Ctrl-C)"),
+    # `kill -INT PID`: tfringrun alone; it passes the signal on.
+    (signal.SIGINT, False, 130, "SIGINT (Ctrl-C)"),
+    (signal.SIGTERM, False, 143, "SIGTERM"),
+])
+def test_a_signal_stops_every_rank_and_is_reported(signum, to_group, status,
+                                                   name):
+    tag = f"stop-{os.getpid()}-{signum}-{to_group}"
+    proc = _started_job(tag)
+    try:
+        start = time.monotonic()
+        (os.killpg if to_group else os.kill)(proc.pid, signum)
+        out, err = proc.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        mpi_launch._kill_tagged(tag)
+    assert proc.returncode == status, err
+    assert (f"tfringrun: the job was stopped by {name}; mpirun ended every "
+            f"rank. Exit status {status}.") in err
+    # One signal reached mpirun: it did not ask for another Ctrl-C.
+    assert "Abort is in progress" not in out + err
+    assert seconds < (15 if to_group else 25), seconds
+    assert not mpi_launch._tagged_pids(tag)  # no rank left
+
+
+def test_sigusr1_sent_to_tfringrun_reaches_every_rank():
+    # As when tfringrun exec'd mpirun: mpirun passes SIGUSR1 to the ranks.
+    script = ("import os, signal, sys, time\n"
+              "got = []\n"
+              "signal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+              "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+              "print('ready', rank, flush=True)\n"
+              "deadline = time.monotonic() + 60\n"
+              "while not got and time.monotonic() < deadline:\n"
+              "    time.sleep(0.05)\n"
+              "print('usr1' if got else 'none', flush=True)\n")
+    tag = f"usr1-{os.getpid()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+         sys.executable, "-c", script],
+        env=mpi_launch.working_tree_env(**{mpi_launch.TAG_VARIABLE: tag}),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready = [proc.stdout.readline() for _ in range(2)]
+        assert sorted(ready) == ["ready 0\n", "ready 1\n"], ready
+        os.kill(proc.pid, signal.SIGUSR1)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        mpi_launch._kill_tagged(tag)
+    assert proc.returncode == 0, err
+    assert out.split() == ["usr1", "usr1"], out + err

@@ -70,7 +70,10 @@ def environment_variables():
 def _launcher_parser():
     _import_tfring()
     from tfring.launcher import cli
-    return cli._parser()
+    from tfring.launcher import knobs
+    parser = cli._parser()
+    knobs.show_defaults(parser)  # as `tfringrun --help` shows them
+    return parser
 
 
 def tfringrun_flags():

@@ -18,6 +18,7 @@
 import concurrent.futures
 import copy
 import dataclasses
+import importlib.util
 import ipaddress
 import json
 import os
@@ -210,21 +211,50 @@ def launcher_library_mismatch(launcher_text, library_text, mpirun):
 
 
 def _local_build_findings():
-    """tfring, Python and TensorFlow as this process finds them.
+    """tfring, Python, TensorFlow and PyTorch as this process finds them,
+    and which frameworks the 2-rank jobs can check: ([Finding],
+    tensorflow_loads, torch_installed).
 
-    tfringrun imports tfring, and importing tfring already checks that the
-    op library was built for the installed TensorFlow (and stops with an
-    ImportError naming both versions when it was not): here it matched."""
-    import tensorflow as tf
-    from tfring import _build_info
+    TensorFlow is imported here, with tfring's op library (whose import
+    checks that it was built for this TensorFlow and stops with an
+    ImportError naming both versions when it was not). PyTorch is only
+    looked up: a process that has loaded TensorFlow must not import torch
+    (it crashes some torch releases), so its own job imports it."""
     from tfring import _version
     here = os.path.dirname(os.path.abspath(__file__))
-    return [
+    findings = [
         Finding("tfring", f"{_version.__version__} ({here})"),
         Finding("Python", f"{sys.version.split()[0]} ({sys.executable})"),
-        Finding("TensorFlow", f"{tf.__version__}; the op library was built "
-                              f"for {_build_info.TF_VERSION} and loads"),
     ]
+    tensorflow_loads = False
+    if importlib.util.find_spec("tensorflow") is None:
+        findings.append(Finding("TensorFlow", "not installed (tfring's "
+                                "TensorFlow API needs it, tfring.torch "
+                                "does not)"))
+    else:
+        try:
+            import tensorflow as tf
+            import tfring.ops  # noqa: F401 (loads the op library)
+            from tfring import _build_info
+            findings.append(Finding(
+                "TensorFlow", f"{tf.__version__}; the op library was built "
+                              f"for {_build_info.TF_VERSION} and loads"))
+            tensorflow_loads = True
+        except ImportError as e:
+            findings.append(Finding("TensorFlow", "does not load tfring's "
+                                    "op library", problem=str(e)))
+    torch_installed = importlib.util.find_spec("torch") is not None
+    if not torch_installed:
+        findings.append(Finding("PyTorch", "not installed (tfring.torch "
+                                "needs it, TensorFlow jobs do not)"))
+        if importlib.util.find_spec("tensorflow") is None:
+            findings[-1].problem = (
+                "neither TensorFlow nor PyTorch is installed in this Python "
+                f"environment ({sys.executable}). Expected one of them: "
+                f"tfring's API runs on TensorFlow, tfring.torch on PyTorch. "
+                f"Install one (`pip install tensorflow` or `pip install "
+                f"torch`).")
+    return findings, tensorflow_loads, torch_installed
 
 
 def _shm_reason(report, result):
@@ -300,6 +330,65 @@ def job_findings(result, timeout, launcher_text, mpirun):
     return findings
 
 
+def torch_job_findings(result, timeout):
+    """Findings from the 2-rank tfring.torch job's result and reports."""
+    reports = result.reports()
+    failed = [r for r in reports if r.get("error")]
+    if failed:
+        r = failed[0]
+        return [Finding("PyTorch", r.get("torch") or "does not import",
+                        problem=(
+            f"rank {r.get('launch_rank')} of the 2-rank tfring.torch check "
+            f"job on {r.get('hostname')} failed: {r['error']}. Expected "
+            f"tfring.torch to import with torch {r.get('torch')} and "
+            f"tfring.torch.init() and two allreduces to succeed. Fix what "
+            f"the error names.\n{r.get('traceback', '')}{result.tail()}"))]
+    if result.returncode != 0 or len(reports) != 2:
+        return [Finding("torch allreduce", "did not finish", problem=(
+            f"the 2-rank tfring.torch check job {result.ending(timeout)} "
+            f"after {result.seconds:.1f} s with {len(reports)} of 2 reports. "
+            f"Expected both ranks to import torch, start tfring.torch, "
+            f"allreduce and exit within {timeout:g} s. If the machine is "
+            f"only slow, raise --start-timeout; otherwise run with "
+            f"--verbose to see the mpirun line and run it by hand."
+            f"\n{result.tail()}"))]
+    by_rank = sorted(reports, key=lambda r: r["rank"])
+    findings = [Finding("PyTorch", f"{by_rank[0]['torch']}; tfring.torch "
+                                   f"imports")]
+    floats, ints = launch_probes.expected_sums(2)
+    wrong = [r for r in by_rank
+             if r["float_sum"] != floats or r["int_sum"] != ints]
+    if wrong:
+        r = wrong[0]
+        findings.append(Finding("torch allreduce", "wrong result", problem=(
+            f"rank {r['rank']} got float32 {r['float_sum']} and int32 "
+            f"{r['int_sum']} from tfring.torch Sum allreduces. Expected "
+            f"{floats} and {ints}. This is a bug in tfring; report it with "
+            f"the output of --check-build --verbose.")))
+    else:
+        findings.append(Finding(
+            "torch allreduce", f"ok: Sum gave float32 {floats} and int32 "
+                               f"{ints} on both ranks "
+                               f"({result.seconds:.1f} s)"))
+    return findings
+
+
+def _run_probe(args, probe, mpirun, environ, euid, cpu_count, out):
+    """Runs `python -m tfring.launcher.probes PROBE` on 2 ranks here, as
+    tfringrun starts a job (mpirun's listeners on loopback)."""
+    job = _job_args(args, num_proc=2, hosts=None, hostfile=None,
+                    host_entries=[], command=[
+                        sys.executable, "-m", "tfring.launcher.probes",
+                        probe])
+    command = launch_command.mpirun_command(
+        job, mpirun, environ, euid, cpu_count)
+    if args.verbose:
+        print(f"  running: {shlex.join(command)}", file=out, flush=True)
+    env = launch_command.launcher_environment(
+        job, environ, launch_command.installed_loopback_library())
+    return run_job(command, args.start_timeout, env=env)
+
+
 def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
     """Prints what was built and what works here; returns the exit status.
 
@@ -313,7 +402,8 @@ def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
             print(finding.line(), file=out, flush=True)
         findings.extend(new)
 
-    found(*_local_build_findings())
+    local, tensorflow_loads, torch_installed = _local_build_findings()
+    found(*local)
     try:
         launcher_text = _launcher_version(mpirun, args.start_timeout)
         found(Finding("MPI launcher",
@@ -323,21 +413,18 @@ def check_build(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
         found(Finding("MPI launcher", mpirun, problem=(
             f"{e}. Expected Open MPI's mpirun to print its version. Point "
             f"TFRING_MPIRUN at a working mpirun.")))
-    if not any(f.problem for f in findings):
-        job = _job_args(args, num_proc=2, hosts=None, hostfile=None,
-                        host_entries=[], command=[
-                            sys.executable, "-m", "tfring.launcher.probes",
-                            "allreduce"])
-        command = launch_command.mpirun_command(
-            job, mpirun, environ, euid, cpu_count)
-        if args.verbose:
-            print(f"  running: {shlex.join(command)}", file=out, flush=True)
-        # Started as tfringrun starts a job (mpirun's listeners on loopback).
-        env = launch_command.launcher_environment(
-            job, environ, launch_command.installed_loopback_library())
-        result = run_job(command, args.start_timeout, env=env)
+    facts = (mpirun, environ, euid, cpu_count, out)
+    # A job that ran past its limit says mpirun cannot start one here; a
+    # second job would only wait as long again.
+    launcher_works = launcher_text is not None
+    if launcher_works and tensorflow_loads:
+        result = _run_probe(args, "allreduce", *facts)
         found(*job_findings(result, args.start_timeout, launcher_text,
                             mpirun))
+        launcher_works = not result.timed_out
+    if launcher_works and torch_installed:
+        result = _run_probe(args, "torch-allreduce", *facts)
+        found(*torch_job_findings(result, args.start_timeout))
     problems = [f for f in findings if f.problem]
     for finding in problems:
         print(f"\ntfringrun: check failed: {finding.label}: "

