@@ -138,7 +138,9 @@ def test_stall_past_the_limit_fails_every_rank_naming_what_each_waits_on(ranks):
         assert "the job stalled: collective 'only_on_rank_" in message, message
         assert "TFRING_STALL_SHUTDOWN_TIME_SECONDS=2" in message, message
         assert side_by_side in message, message
-        for cause in ("different numbers of batches", "steps_per_epoch", "tfring.join()",
-                      "rank-dependent condition", "different models"):
+        # The advice fits TensorFlow, Keras and PyTorch alike.
+        for cause in ("different numbers of batches", "DistributedSampler",
+                      "hvd.join(), in TensorFlow or PyTorch", "same number of steps",
+                      "model.fit", "rank-dependent condition", "different models"):
             assert cause in message, (cause, message)
         assert "init()" not in message, message
