@@ -111,6 +111,8 @@ def init(comm=None, process_sets=None):
         objects get their process_set_id and ranks; the same list on every
         rank); or "dynamic" to add and remove sets later with
         tfring.add_process_set() / tfring.remove_process_set().
+        HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment (Horovod's
+        variable) makes sets dynamic too, whatever this argument is.
 
     Calling init() again while initialized does nothing. MPI is started
     with MPI_THREAD_MULTIPLE if it is not running yet (after

@@ -56,6 +56,9 @@ struct CoreState {
   // TFRING_TIMELINE starts the timeline at the first init only, so a later
   // init does not overwrite the file.
   bool environment_timeline_started = false;
+  // Rank 0 reports the environment's notes (config.h) at the first init
+  // only: once per job, however often it restarts.
+  bool environment_notes_reported = false;
 };
 
 CoreState& State() {
@@ -207,6 +210,10 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   SetLogRank(state.topology.rank);
   // Read at every init, so a job can change a knob between shutdown and init.
   state.config = Config::FromEnvironment();
+  if (state.topology.rank == 0 && !state.environment_notes_reported) {
+    for (const std::string& note : state.config.environment_notes) TFRING_LOG(kWarning, note);
+  }
+  state.environment_notes_reported = true;
   TFRING_RETURN_IF_ERROR(AdoptRootJobConfig(state.transport.get(), &state.config));
   if (state.config.cpu_binding != 0) {
     std::unique_ptr<MpiTransport> host_ranks, cross;
