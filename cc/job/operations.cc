@@ -124,12 +124,10 @@ void StartEnvironmentTimeline(CoreState& state) {
   if (state.environment_timeline_started || state.config.timeline.empty()) return;
   state.environment_timeline_started = true;
   if (state.topology.rank != 0) return;
-  const Status started = state.timeline.Start(state.config.timeline,
-                                              state.config.timeline_mark_cycles != 0,
-                                              state.topology.size);
-  if (!started.ok()) {
-    TFRING_LOG(kWarning, started.message() << " (TFRING_TIMELINE); running without a timeline.");
-  }
+  const Status started =
+      state.timeline.Start(state.config.timeline, state.config.timeline_mark_cycles != 0,
+                           state.topology.size, state.config.SetBy("TFRING_TIMELINE"));
+  if (!started.ok()) TFRING_LOG(kWarning, started.message() << " Running without a timeline.");
 }
 
 int OnMpiFinalize(MPI_Comm, int, void*, void*) {
@@ -453,7 +451,8 @@ Status StartTimeline(const std::string& path, bool mark_cycles) {
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   if (!state.loop || !state.loop->running()) return Status::FailedPrecondition(kNotInitialized);
   if (state.topology.rank != 0) return Status::OK();
-  return state.timeline.Start(path, mark_cycles, state.topology.size);
+  return state.timeline.Start(path, mark_cycles, state.topology.size,
+                              "tfring.start_timeline()");
 }
 
 Status StopTimeline() {
