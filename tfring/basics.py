@@ -16,6 +16,7 @@ import os
 import sys
 
 from tfring import _core
+from tfring import _mpi_yield
 from tfring import _running
 from tfring import process_sets as _process_sets
 
@@ -44,7 +45,8 @@ def _initialize_mpi(MPI):
             "script, or leave it to mpi4py and tfring.")
     if MPI.Is_initialized():
         return
-    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    with _mpi_yield.while_mpi_starts():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     # Registered before _shutdown_at_exit (at the end of the first
     # successful init()), so it runs after it: atexit runs last-in first.
     atexit.register(_finalize_mpi_at_exit, MPI)
