@@ -26,7 +26,8 @@ Status OpenOutputFile(const std::string& path, const std::string& what, std::FIL
     }
     return Status::InvalidArgument(what + ": cannot write '" + path + "' (" +
                                    std::strerror(error) +
-                                   "). Give a path in an existing directory you can write.");
+                                   "). Give a path in an existing writable directory, one "
+                                   "only you can write (e.g. under your home directory).");
   }
   struct stat info;
   if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
