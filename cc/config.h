@@ -137,11 +137,12 @@ struct Config {
   static Config FromEnvironment();
 
   // For each knob set in the environment this configuration was read from:
-  // its TFRING_* name and the variable that set it (that name, or a
-  // HOROVOD_* one). The autotuner leaves these knobs fixed.
+  // its TFRING_* name and the variable it was read from (that name, or a
+  // HOROVOD_* one; also when the value was refused and the default kept).
+  // The autotuner leaves these knobs fixed.
   std::vector<std::pair<std::string, std::string>> set_by;
   bool SetInEnvironment(const std::string& env) const;
-  // The variable that set knob `env`, or "" when it has its default.
+  // The variable knob `env` was read from, or "" when none was set.
   std::string SetBy(const std::string& env) const;
 
   // What reading the environment found that the user should hear once per
@@ -194,7 +195,7 @@ struct ConfigEntry {
   std::string maximum;  // "" for strings
   std::string doc;
   KnobScope scope = KnobScope::kProcess;
-  std::string set_by;   // the variable that set the value, "" for the default
+  std::string set_by;   // the variable the value was read from, "" if none was set
   std::vector<std::string> horovod_names;  // Horovod's variables for this knob
 };
 

@@ -193,8 +193,8 @@ PYBIND11_MODULE(_core, m) {
         return entries;
       },
       "The effective TFRING_* configuration: env, type (integer, number, text), value, default, maximum (\"\" for strings), "
-      "doc, scope, set_by (the variable that set the value: the TFRING_* one, a HOROVOD_* one, "
-      "or \"\" for the default) and horovod (Horovod's names for the knob) for each knob (while "
+      "doc, scope, set_by (the variable the value was read from: the TFRING_* one, a HOROVOD_* "
+      "one, or \"\" when none was set) and horovod (Horovod's names for the knob) for each knob (while "
       "initialized, the job-wide knobs hold rank 0's values).");
   m.def(
       "horovod_variables",
