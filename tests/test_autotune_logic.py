@@ -18,7 +18,8 @@ from cc_test_binary import compile_binary, run_scenario, scenario_names
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "tests" / "cc" / "autotune_test.cc"
 # logging.cc reads the log level through config.cc.
-CORE_SOURCES = ["tuning/bayesian_optimizer.cc", "tuning/autotuner.cc", "logging.cc", "config.cc"]
+CORE_SOURCES = ["tuning/bayesian_optimizer.cc", "tuning/autotuner.cc", "output_file.cc",
+                "logging.cc", "config.cc"]
 SCENARIO_TIMEOUT_S = 60
 
 

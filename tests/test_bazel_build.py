@@ -3,7 +3,7 @@
 Runs tools/bazel_build.sh, which installs Debian's bazel-bootstrap when it is
 missing, builds //:tfring_core, //:tfring_core_module, //:tfring_ops,
 and //:tfring_loopback_listeners, and runs the C++ tests in tests/cc (core logic, output pool, autotuner,
-shared-memory allreduce). CI must build it; set TFRING_SKIP_BAZEL=1 to
+shared-memory allreduce, the knob table, output files). CI must build it; set TFRING_SKIP_BAZEL=1 to
 skip it locally (a cold build takes about a minute).
 """
 

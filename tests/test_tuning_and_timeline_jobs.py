@@ -79,3 +79,33 @@ def test_autotune_and_timeline_from_environment(ranks, tmp_path):
     assert summary["ops"]["allreduce"]["errors"] == 0
     marks = [e for e in trace["traceEvents"] if e.get("name") == "ready"]
     assert {m["args"]["rank"] for m in marks} == set(range(ranks))
+
+
+@pytest.mark.parametrize("variable", ["TFRING_TIMELINE", "HOROVOD_TIMELINE"])
+def test_timeline_never_writes_through_a_symbolic_link(variable, tmp_path):
+    # A link planted where the timeline goes (as another user can in /tmp)
+    # must not make the job overwrite the link's target: init warns naming
+    # the path and the variable and runs without a timeline,
+    # start_timeline() raises naming the path, and a new file is the user's
+    # alone (0600).
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    env_link, call_link = tmp_path / "env_timeline.json", tmp_path / "call_timeline.json"
+    env_link.symlink_to(target)
+    call_link.symlink_to(target)
+    fresh = tmp_path / "fresh.json"
+    env = mpi_launch.working_tree_env(**{variable: str(env_link)})
+    for name in ("TFRING_TIMELINE", "HOROVOD_TIMELINE"):
+        if name != variable:
+            env.pop(name, None)
+    result = mpi_launch.launch(
+        [sys.executable, str(ROOT / "tests" / "job_scripts" / "timeline_paths_job.py"),
+         str(call_link), str(fresh)], 1, JOB_TIMEOUT_S, env=env, cwd=str(ROOT))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    assert target.read_text() == "keep me\n", result.describe()
+    assert (f"tfring timeline ({variable}): '{env_link}' is a symbolic link, and tfring "
+            "does not write through one") in result.output, result.describe()
+    assert "Running without a timeline." in result.output, result.describe()
+    assert (f"REFUSED tfring timeline (tfring.start_timeline()): '{call_link}' is a "
+            "symbolic link") in result.output, result.describe()
+    assert "MODE 600" in result.output, result.describe()

@@ -14,21 +14,17 @@
 # (tfring/_version_check.py), whose ImportError then names both versions.
 
 import importlib
-import os
 
 from tfring._version import __version__
+from tfring import _mpi_yield
 from tfring import unsupported as _unsupported
 
 _unsupported.install_import_hook()  # import tfring.elastic: an error naming the replacement
 
-# Open MPI busy-polls while a rank waits in a collective. tfring's background
-# thread waits there while TensorFlow computes, and on a machine with about
-# one core per rank the spinning takes that core from TensorFlow (measured:
-# 0.67 -> 0.83 of the no-communication ceiling for a small CNN on 2 cores,
-# no loss on the allreduce benchmark). Ask it to yield instead, unless the
-# user chose otherwise. Read by MPI_Init, so it is set by `import tfring`,
-# before a script imports mpi4py (which starts MPI); the API may load later.
-os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+# Open MPI yields the CPU instead of spinning while a rank waits, for this
+# process's MPI only (tfring/_mpi_yield.py): set up before a script imports
+# mpi4py, which starts MPI.
+_mpi_yield.install_import_hook()
 
 # Public name -> the module that defines it.
 _API = {}

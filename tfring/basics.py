@@ -16,6 +16,7 @@ import os
 import sys
 
 from tfring import _core
+from tfring import _mpi_yield
 from tfring import _running
 from tfring import process_sets as _process_sets
 
@@ -44,7 +45,8 @@ def _initialize_mpi(MPI):
             "script, or leave it to mpi4py and tfring.")
     if MPI.Is_initialized():
         return
-    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    with _mpi_yield.while_mpi_starts():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     # Registered before _shutdown_at_exit (at the end of the first
     # successful init()), so it runs after it: atexit runs last-in first.
     atexit.register(_finalize_mpi_at_exit, MPI)
@@ -111,6 +113,8 @@ def init(comm=None, process_sets=None):
         objects get their process_set_id and ranks; the same list on every
         rank); or "dynamic" to add and remove sets later with
         tfring.add_process_set() / tfring.remove_process_set().
+        HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment (Horovod's
+        variable) makes sets dynamic too, whatever this argument is.
 
     Calling init() again while initialized does nothing. MPI is started
     with MPI_THREAD_MULTIPLE if it is not running yet (after

@@ -15,9 +15,15 @@
 # (init, add, remove, shutdown), so that checking a set costs a dict lookup.
 
 import numbers
+import os
 
 from tfring import _core
 from tfring import _running
+
+# Read here rather than in the core (cc/config.h lists it with the knobs):
+# dynamic process sets are decided by init()'s arguments, which Python
+# checks.
+HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
 
 _state = {
     # id -> tuple of sorted job ranks, as the core reported them last.
@@ -299,7 +305,7 @@ def prepare_init(process_sets, job_comm):
     api_name = "tfring.init()"
     if process_sets is None:
         process_sets = []
-    dynamic = False
+    dynamic = _dynamic_from_environment()
     if isinstance(process_sets, str):
         if process_sets.lower() != "dynamic":
             raise ValueError(
@@ -425,6 +431,18 @@ def prepare_init(process_sets, job_comm):
             lambda: _finish_init(process_sets, per_entry, dynamic))
 
 
+def _dynamic_from_environment():
+    """Horovod's HOROVOD_DYNAMIC_PROCESS_SETS: an integer above 0 starts
+    the job with dynamic process sets, as process_sets="dynamic" does (and
+    with the sets listed in process_sets too, as in Horovod). Anything else
+    leaves them off."""
+    value = os.environ.get(HOROVOD_DYNAMIC_PROCESS_SETS, "").strip()
+    try:
+        return int(value) > 0
+    except ValueError:
+        return False
+
+
 def _describe_views(entries_by_rank):
     by_view = {}
     for rank, entries in enumerate(entries_by_rank):
@@ -456,8 +474,10 @@ def _check_dynamic(api_name, verb):
         raise ValueError(
             f"{api_name} was called, but tfring was initialized without "
             f"dynamic process sets, so sets cannot be {verb} while it runs. "
-            "Expected tfring.init(process_sets='dynamic'). Start tfring that "
-            "way, or pass the sets to tfring.init(process_sets=[...]).")
+            "Expected tfring.init(process_sets='dynamic') (or "
+            "HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment before "
+            "init()). Start tfring that way, or pass the sets to "
+            "tfring.init(process_sets=[...]).")
 
 
 def add_process_set(process_set):

@@ -25,7 +25,8 @@ bazel build --noshow_progress "${targets[@]}"
 
 if compgen -G "tests/cc/*.cc" >/dev/null; then
   tests=(//tests/cc:core_logic_test //tests/cc:free_buffer_cache_test
-         //tests/cc:autotune_test //tests/cc:shm_collectives_test)
+         //tests/cc:autotune_test //tests/cc:shm_collectives_test
+         //tests/cc:config_test //tests/cc:output_file_test)
   echo "[bazel] bazel test ${tests[*]}"
   bazel test --noshow_progress "${tests[@]}"
 else

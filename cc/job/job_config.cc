@@ -47,7 +47,7 @@ Status AdoptRootJobConfig(Transport* transport, Config* config) {
   // Every rank is built from the same sources, so the knobs' order and types
   // agree and the values can travel as raw bytes.
   std::string bytes;
-#define TFRING_APPEND_JOB_FIELD(type, field, env, def, scope, doc) \
+#define TFRING_APPEND_JOB_FIELD(type, field, env, def, max, scope, doc) \
   if (KnobScope::scope == KnobScope::kJob) Append(&bytes, config->field);
   TFRING_CONFIG_KNOBS(TFRING_APPEND_JOB_FIELD)
 #undef TFRING_APPEND_JOB_FIELD
@@ -60,7 +60,7 @@ Status AdoptRootJobConfig(Transport* transport, Config* config) {
                             "; are all ranks running the same tfring build?");
   }
   size_t offset = 0;
-#define TFRING_ADOPT_JOB_FIELD(type, field, env, def, scope, doc) \
+#define TFRING_ADOPT_JOB_FIELD(type, field, env, def, max, scope, doc) \
   if (KnobScope::scope == KnobScope::kJob) {                       \
     type root_value{};                                             \
     Read(bytes, &offset, &root_value);                             \

@@ -56,6 +56,9 @@ struct CoreState {
   // TFRING_TIMELINE starts the timeline at the first init only, so a later
   // init does not overwrite the file.
   bool environment_timeline_started = false;
+  // Rank 0 reports the environment's notes (config.h) at the first init
+  // only: once per job, however often it restarts.
+  bool environment_notes_reported = false;
 };
 
 CoreState& State() {
@@ -121,12 +124,10 @@ void StartEnvironmentTimeline(CoreState& state) {
   if (state.environment_timeline_started || state.config.timeline.empty()) return;
   state.environment_timeline_started = true;
   if (state.topology.rank != 0) return;
-  const Status started = state.timeline.Start(state.config.timeline,
-                                              state.config.timeline_mark_cycles != 0,
-                                              state.topology.size);
-  if (!started.ok()) {
-    TFRING_LOG(kWarning, started.message() << " (TFRING_TIMELINE); running without a timeline.");
-  }
+  const Status started =
+      state.timeline.Start(state.config.timeline, state.config.timeline_mark_cycles != 0,
+                           state.topology.size, state.config.SetBy("TFRING_TIMELINE"));
+  if (!started.ok()) TFRING_LOG(kWarning, started.message() << " Running without a timeline.");
 }
 
 int OnMpiFinalize(MPI_Comm, int, void*, void*) {
@@ -207,6 +208,10 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   SetLogRank(state.topology.rank);
   // Read at every init, so a job can change a knob between shutdown and init.
   state.config = Config::FromEnvironment();
+  if (state.topology.rank == 0 && !state.environment_notes_reported) {
+    for (const std::string& note : state.config.environment_notes) TFRING_LOG(kWarning, note);
+  }
+  state.environment_notes_reported = true;
   TFRING_RETURN_IF_ERROR(AdoptRootJobConfig(state.transport.get(), &state.config));
   if (state.config.cpu_binding != 0) {
     std::unique_ptr<MpiTransport> host_ranks, cross;
@@ -446,7 +451,8 @@ Status StartTimeline(const std::string& path, bool mark_cycles) {
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   if (!state.loop || !state.loop->running()) return Status::FailedPrecondition(kNotInitialized);
   if (state.topology.rank != 0) return Status::OK();
-  return state.timeline.Start(path, mark_cycles, state.topology.size);
+  return state.timeline.Start(path, mark_cycles, state.topology.size,
+                              "tfring.start_timeline()");
 }
 
 Status StopTimeline() {

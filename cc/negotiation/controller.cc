@@ -117,7 +117,8 @@ void Controller::TakeCachedResponses(const std::vector<uint64_t>& bits, RoundOut
   }
   // Entries some rank contradicted are dropped everywhere; the requests
   // concerned are renegotiated in full.
-  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+  // Every rank's cache holds the same slots, so no rank clears a bit past them.
+  for (int64_t slot = 0; slot < cache_.allocated_slots(); ++slot) {
     if (!TestBit(bits, layout_.invalid, slot)) cache_.Evict(slot);
   }
 }

@@ -1,5 +1,7 @@
 #include "cc/negotiation/response_cache.h"
 
+#include <algorithm>
+
 #include "cc/logging.h"
 
 namespace tfring {
@@ -18,8 +20,7 @@ bool SameSignature(const Request& a, const Request& b) {
   return true;
 }
 
-ResponseCache::ResponseCache(int64_t capacity)
-    : capacity_(capacity), slots_(static_cast<size_t>(capacity)) {}
+ResponseCache::ResponseCache(int64_t capacity) : capacity_(std::max<int64_t>(capacity, 0)) {}
 
 ResponseCache::Lookup ResponseCache::Find(const Request& request) const {
   auto it = by_name_.find(request.name);
@@ -29,11 +30,14 @@ ResponseCache::Lookup ResponseCache::Find(const Request& request) const {
   return {state, it->second};
 }
 
-int64_t ResponseCache::FreeSlot() const {
-  for (int64_t slot = 0; slot < capacity_; ++slot) {
+int64_t ResponseCache::FreeSlot() {
+  const int64_t allocated = static_cast<int64_t>(slots_.size());
+  for (int64_t slot = 0; slot < allocated; ++slot) {
     if (!slots_[slot].used) return slot;
   }
-  return -1;
+  if (allocated == capacity_) return -1;
+  slots_.emplace_back();
+  return allocated;
 }
 
 void ResponseCache::Put(const Response& response) {
@@ -56,18 +60,21 @@ void ResponseCache::Put(const Response& response) {
 }
 
 const Response& ResponseCache::At(int64_t slot) const {
-  TFRING_CHECK(slot >= 0 && slot < capacity_ && slots_[slot].used, "bad cache slot " << slot);
+  TFRING_CHECK(slot >= 0 && slot < allocated_slots() && slots_[slot].used,
+               "bad cache slot " << slot);
   return slots_[slot].response;
 }
 
 void ResponseCache::Touch(int64_t slot) {
-  TFRING_CHECK(slots_[slot].used, "touching empty cache slot " << slot);
+  TFRING_CHECK(slot >= 0 && slot < allocated_slots() && slots_[slot].used,
+               "touching empty cache slot " << slot);
   recency_.splice(recency_.begin(), recency_, slots_[slot].recency);
 }
 
 void ResponseCache::Evict(int64_t slot) {
+  TFRING_CHECK(slot >= 0 && slot < allocated_slots() && slots_[slot].used,
+               "evicting empty cache slot " << slot);
   Slot& entry = slots_[slot];
-  TFRING_CHECK(entry.used, "evicting empty cache slot " << slot);
   by_name_.erase(entry.response.name());
   recency_.erase(entry.recency);
   entry = Slot();

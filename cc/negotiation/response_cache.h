@@ -37,6 +37,9 @@ class ResponseCache {
 
   bool enabled() const { return capacity_ > 0; }
   int64_t capacity() const { return capacity_; }
+  // Slots allocated so far: they grow one at a time up to the capacity as
+  // tensors are cached, so a large capacity costs nothing up front.
+  int64_t allocated_slots() const { return static_cast<int64_t>(slots_.size()); }
   // 64-bit words needed for one bit per slot.
   int64_t num_words() const { return (capacity_ + 63) / 64; }
 
@@ -56,7 +59,8 @@ class ResponseCache {
     Response response;
     std::list<int64_t>::iterator recency;
   };
-  int64_t FreeSlot() const;
+  // An unused slot, allocating one while below the capacity; -1 if full.
+  int64_t FreeSlot();
 
   int64_t capacity_;
   std::vector<Slot> slots_;

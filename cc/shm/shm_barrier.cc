@@ -150,7 +150,10 @@ std::vector<int> ShmBarrier::Exited(const std::vector<int>& missing) const {
 
 std::string ShmBarrier::Describe(const std::vector<int>& ranks) const {
   std::vector<int> job;
-  for (int r : ranks) job.push_back(job_ranks_[r]);
+  for (int r : ranks) {
+    if (r < 0 || r >= size_) return "an unknown rank (local index " + std::to_string(r) + ")";
+    job.push_back(job_ranks_[r]);
+  }
   return RanksToString(job);
 }
 

@@ -85,6 +85,10 @@ class ShmBarrier {
   // Barriers this rank has passed.
   uint64_t steps() const { return steps_; }
 
+  // "rank 7" or "ranks 4, 9": local ranks as the job numbers them. An index
+  // outside [0, size) (read from a corrupted segment) is named as such.
+  std::string Describe(const std::vector<int>& ranks) const;
+
  private:
   struct alignas(64) RankLine;
   struct alignas(64) Doorbell;
@@ -105,7 +109,6 @@ class ShmBarrier {
   std::vector<int> Missing(uint64_t target) const;
   // The missing ranks whose process no longer exists.
   std::vector<int> Exited(const std::vector<int>& missing) const;
-  std::string Describe(const std::vector<int>& ranks) const;
   Status WaitFor(const char* what, std::chrono::nanoseconds timeout, bool call_peers);
 
   char* const area_;

@@ -70,8 +70,17 @@ bool IsSupportedOp(ReduceOp op) {
 }  // namespace
 
 size_t ShmCollectives::SegmentBytes(int size, size_t slot_bytes) {
-  return ShmBarrier::Bytes(size) + 2 * static_cast<size_t>(size) * kExchangeAreaBytes +
-         static_cast<size_t>(size) * slot_bytes;
+  if (size < 1) return 0;
+  const size_t ranks = static_cast<size_t>(size);
+  size_t slots = 0, total = 0;
+  // Slot(r) and ExchangeArea(r) point this far in at most, so a segment
+  // whose size fits a size_t keeps every pointer inside the mapping.
+  if (__builtin_mul_overflow(ranks, slot_bytes, &slots) ||
+      __builtin_add_overflow(slots, ShmBarrier::Bytes(size) + 2 * ranks * kExchangeAreaBytes,
+                             &total)) {
+    return 0;
+  }
+  return total;
 }
 
 Status ShmCollectives::Attach(void* segment, size_t segment_bytes, int rank, int size,
@@ -92,6 +101,11 @@ Status ShmCollectives::Attach(void* segment, size_t segment_bytes, int rank, int
     return Status::InvalidArgument("shared-memory collectives: segment not 64-byte aligned");
   }
   const size_t needed = SegmentBytes(size, slot_bytes);
+  if (needed == 0) {
+    return Status::InvalidArgument(
+        "shared-memory collectives: " + std::to_string(size) + " ranks with slots of " +
+        std::to_string(slot_bytes) + " bytes need more bytes than a size_t holds");
+  }
   if (segment_bytes < needed) {
     return Status::InvalidArgument(
         "shared-memory collectives: a segment of " + std::to_string(segment_bytes) +
@@ -378,6 +392,18 @@ Status ShmCollectives::Exchange(const void* data, size_t bytes,
     if (other_length == kOverflow) {
       *fits = false;
       continue;
+    }
+    // The peer wrote at most kExchangeCapacity bytes; anything else is a
+    // torn or stale word, and reading that far would leave its area.
+    if (other_length > kExchangeCapacity) {
+      views->assign(size_, {nullptr, 0});
+      *fits = false;
+      return Status::Aborted(
+          "tfring: " + barrier_.Describe({q}) + "'s message in the shared-memory exchange " +
+          "claims " + std::to_string(other_length) + " bytes, more than the " +
+          std::to_string(kExchangeCapacity) + " its area holds (a torn or stale write to the "
+          "segment, which only this job's processes can write: a rank that overwrote memory "
+          "or a crashed one). The ranks can no longer agree; restart the job.");
     }
     (*views)[q] = {other + kCacheLine, static_cast<size_t>(other_length)};
   }

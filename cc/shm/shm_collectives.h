@@ -58,7 +58,8 @@ class ShmCollectives {
   static constexpr size_t kExchangeCapacity = kExchangeAreaBytes - 64;
 
   // Bytes of a segment for `size` ranks with slots of `slot_bytes` (a
-  // positive multiple of 128).
+  // positive multiple of 128); 0 when that many bytes do not fit a size_t
+  // (or size < 1).
   static size_t SegmentBytes(int size, size_t slot_bytes);
 
   // Uses the `segment_bytes` bytes at `segment` (zero-filled when created,
@@ -91,7 +92,10 @@ class ShmCollectives {
   // (valid until this rank's next Exchange returns; a view may be passed as
   // that call's data); otherwise *fits is false on
   // every rank and nothing was exchanged. A negotiation step: waits as long
-  // as the peers are alive.
+  // as the peers are alive. A length word in the segment that is neither a
+  // message's length nor the mark of one too big (a torn or stale write)
+  // fails the call with Aborted naming the rank: no view ever reaches
+  // outside the peer's exchange area.
   Status Exchange(const void* data, size_t bytes,
                   std::vector<std::pair<const char*, size_t>>* views, bool* fits);
 

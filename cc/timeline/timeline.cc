@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cc/logging.h"
+#include "cc/output_file.h"
 
 namespace tfring {
 namespace {
@@ -88,15 +89,12 @@ std::string RowMetadata(int row, const std::string& name) {
 
 Timeline::~Timeline() { Stop(); }
 
-Status Timeline::Start(const std::string& path, bool mark_cycles, int size) {
+Status Timeline::Start(const std::string& path, bool mark_cycles, int size,
+                       const std::string& chosen_by) {
   std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
   StopWriterLocked();  // restarting: finish the current file first
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) {
-    return Status::InvalidArgument("tfring timeline: cannot write '" + path + "' (" +
-                                   std::strerror(errno) +
-                                   "). Give a path in an existing, writable directory.");
-  }
+  std::FILE* file = nullptr;
+  TFRING_RETURN_IF_ERROR(OpenOutputFile(path, "tfring timeline (" + chosen_by + ")", &file));
   file_ = file;
   first_event_ = true;
   rows_.clear();

@@ -70,10 +70,13 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Opens `path` (truncating it) and starts recording. `size`: ranks in the
-  // job, for the file's metadata. Fails, leaving nothing open, when the file
-  // cannot be created; stops any recording in progress first.
-  Status Start(const std::string& path, bool mark_cycles, int size);
+  // Opens `path` (truncating it; see output_file.h: no symbolic links, new
+  // files 0600) and starts recording. `size`: ranks in the job, for the
+  // file's metadata; `chosen_by`: the setting or call that named the path,
+  // for errors. Fails, leaving nothing open, when the file cannot be
+  // created; stops any recording in progress first.
+  Status Start(const std::string& path, bool mark_cycles, int size,
+               const std::string& chosen_by);
   // Writes what is queued, closes the file as valid JSON, stops the writer
   // thread. No-op when not recording. Any thread.
   void Stop();

@@ -38,8 +38,13 @@ std::string FreshSegmentName() {
   return name.str();
 }
 
+// TFRING_SHM_BYTES rounded up to whole pages, at least kSmallestSlot. The
+// configuration keeps the setting within kLargestShmBytes; a value beyond
+// it (a Config built by hand) is clamped there rather than rounded past the
+// end of size_t.
 size_t SlotBytes(const Config& config) {
-  const size_t wanted = static_cast<size_t>(std::max<int64_t>(config.shm_bytes, 0));
+  const size_t wanted = static_cast<size_t>(
+      std::min<int64_t>(std::max<int64_t>(config.shm_bytes, 0), kLargestShmBytes));
   const size_t rounded = (wanted + kSlotGranularity - 1) / kSlotGranularity * kSlotGranularity;
   return std::max(kSmallestSlot, rounded);
 }
@@ -60,6 +65,17 @@ Status ShmTransport::Connect(Transport* inner, std::unique_ptr<Transport> owned,
   // "+<name>" to go ahead, "-<why not>" otherwise.
   const size_t slot_bytes = SlotBytes(config);
   const size_t segment_bytes = ShmCollectives::SegmentBytes(size, slot_bytes);
+  if (segment_bytes == 0) {
+    // Every rank computes the same from the job's configuration, so every
+    // rank leaves here and none waits in the gather below.
+    if (rank == 0) {
+      TFRING_LOG(kWarning, "shared memory is not used, the ranks on this host talk through MPI: "
+                           "a segment for " << size << " ranks with slots of " << slot_bytes
+                               << " bytes is larger than this machine can address. Lower "
+                                  "TFRING_SHM_BYTES.");
+    }
+    return Status::OK();
+  }
   std::unique_ptr<ShmSegment> segment;
   std::string verdict;
   if (rank == 0) {

@@ -1,12 +1,18 @@
 #include "cc/tuning/autotune_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
 #include "cc/logging.h"
 
 namespace tfring {
+namespace {
+
+constexpr double kLargestStartBytes = static_cast<double>(int64_t{1} << 50);
+
+}  // namespace
 
 Status ParseAutotuneStart(const std::string& text, TunableParameters* start) {
   const std::string expected =
@@ -22,16 +28,18 @@ Status ParseAutotuneStart(const std::string& text, TunableParameters* start) {
     const std::string value = equals == std::string::npos ? "" : item.substr(equals + 1);
     char* end = nullptr;
     const double number = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || number <= 0) {
+    if (value.empty() || *end != '\0' || !(number > 0) || !std::isfinite(number)) {
       return Status::InvalidArgument("TFRING_AUTOTUNE_START: '" + item +
                                      "' does not give a positive number." + expected);
     }
+    // Bytes beyond any buffer are clamped here (the tuner then clamps to
+    // the reserved fusion buffer), before the cast that could overflow.
     if (name == "fusion_threshold") {
-      start->fusion_threshold = static_cast<int64_t>(number);
+      start->fusion_threshold = static_cast<int64_t>(std::min(number, kLargestStartBytes));
     } else if (name == "direct_threshold") {
-      start->direct_threshold = static_cast<int64_t>(number);
+      start->direct_threshold = static_cast<int64_t>(std::min(number, kLargestStartBytes));
     } else if (name == "cycle_time") {
-      start->cycle_time_ms = number;
+      start->cycle_time_ms = std::min(number, kLargestCycleTimeMs);
     } else {
       return Status::InvalidArgument("TFRING_AUTOTUNE_START: unknown name '" + name + "'." +
                                      expected);
@@ -62,6 +70,9 @@ std::unique_ptr<Autotuner> MakeAutotuner(const Config& config) {
   if (settings.fixed_direct_threshold) start.direct_threshold = config.direct_threshold;
   if (settings.fixed_cycle_time) start.cycle_time_ms = config.cycle_time_ms;
   settings.log_path = config.autotune_log;
+  if (!config.SetBy("TFRING_AUTOTUNE_LOG").empty()) {
+    settings.log_setting = config.SetBy("TFRING_AUTOTUNE_LOG");
+  }
   settings.warmup_samples = static_cast<int>(config.autotune_warmup_samples);
   const auto at_least_one = [](int64_t value) {
     return static_cast<int>(std::max<int64_t>(1, value));

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cc/logging.h"
+#include "cc/output_file.h"
 
 namespace tfring {
 namespace {
@@ -83,12 +84,11 @@ Autotuner::~Autotuner() {
 
 void Autotuner::OpenLog() {
   if (settings_.log_path.empty()) return;
-  log_ = std::fopen(settings_.log_path.c_str(), "w");
-  if (log_ == nullptr) {
-    const int error = errno;
-    TFRING_LOG(kWarning, "TFRING_AUTOTUNE: cannot open the log " << settings_.log_path << ": "
-                                                                  << std::strerror(error)
-                                                                  << "; tuning without a log");
+  const Status opened = OpenOutputFile(settings_.log_path,
+                                       "tfring autotune log (" + settings_.log_setting + ")",
+                                       &log_);
+  if (!opened.ok()) {
+    TFRING_LOG(kWarning, opened.message() << " Tuning without a log.");
     return;
   }
   std::fputs("trial,phase,fusion_threshold,direct_threshold,cycle_time_ms,score_bytes_per_s,"

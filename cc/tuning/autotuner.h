@@ -62,6 +62,8 @@ struct TunableParameters {
 
 struct AutotuneSettings {
   std::string log_path;          // CSV of every trial; empty: no log
+  // The variable that named log_path, for errors.
+  std::string log_setting = "TFRING_AUTOTUNE_LOG";
   int warmup_samples = 3;        // samples discarded at the start (tracing, first steps)
   int cycles_per_sample = 10;    // cycles that moved data, per sample
   // A trial's score is the median of its samples (after one discarded

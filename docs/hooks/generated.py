@@ -8,6 +8,7 @@ marker line, and the build writes the table in its place, so the site cannot
 drift from the code. An unknown marker fails the build.
 
     <!-- generated: environment-variables -->
+    <!-- generated: horovod-variables -->
     <!-- generated: tfringrun-flags -->
     <!-- generated: compare-table -->    (benchmarks/compare.py --markdown
                                            docs/compare.json)
@@ -56,14 +57,45 @@ def environment_variables():
     _import_tfring()
     from tfring import _core
     flags = _knob_flags()
-    rows = ["| variable | default | scope | tfringrun flag | meaning |",
-            "|---|---|---|---|---|"]
+    rows = ["| variable | default | at most | scope | tfringrun flag | "
+            "Horovod's name | meaning |",
+            "|---|---|---|---|---|---|---|"]
     for knob in _core.config():
         default = knob["default"] if knob["default"] != "" else '""'
-        rows.append("| `{}` | {} | {} | {} | {} |".format(
-            knob["env"], _cell(default), knob["scope"],
-            ", ".join(flags.get(knob["env"], [])) or "",
+        rows.append("| `{}` | {} | {} | {} | {} | {} | {} |".format(
+            knob["env"], _cell(default), _cell(knob["maximum"]),
+            knob["scope"], ", ".join(flags.get(knob["env"], [])) or "",
+            ", ".join(f"`{name}`" for name in knob["horovod"]),
             _cell(knob["doc"])))
+    return "\n".join(rows)
+
+
+# How tfring treats each kind of HOROVOD_* variable (cc/config.h's
+# HorovodMeaning, as tfring._core.horovod_variables() names it).
+_HOROVOD_TREATMENT = {
+    "same": "read as {knob}",
+    "switch": "read as {knob}",
+    "disables": "read as {knob}",
+    "timeline": "read as {knob}",
+    "log_level": "read as {knob}",
+    "python": "read by `tfring.init()`",
+    "already_so": "nothing to do: tfring always behaves so",
+    "ignored": "ignored, with a warning",
+    "build_time": "ignored, with a warning (build-time setting)",
+}
+
+
+def horovod_variables():
+    """One row per HOROVOD_* variable (or family) tfring knows."""
+    _import_tfring()
+    from tfring import _core
+    rows = ["| Horovod's variable | in tfring | values, or why not |",
+            "|---|---|---|"]
+    for variable in _core.horovod_variables():
+        treatment = _HOROVOD_TREATMENT[variable["meaning"]].format(
+            knob=f"`{variable['knob']}`")
+        rows.append(f"| `{variable['name']}` | {treatment} | "
+                    f"{_cell(variable['note'])} |")
     return "\n".join(rows)
 
 
@@ -109,6 +141,7 @@ def compare_table():
 GENERATORS = {
     "compare-table": compare_table,
     "environment-variables": environment_variables,
+    "horovod-variables": horovod_variables,
     "tfringrun-flags": tfringrun_flags,
 }
 

@@ -25,7 +25,9 @@
 
 #include <unistd.h>
 
+#include "cc/config.h"
 #include "cc/job/cpu_binding.h"
+#include "cc/negotiation/response_cache.h"
 #include "cc/execution/fusion_planner.h"
 #include "cc/transport/hierarchical_transport.h"
 #include "cc/transport/loopback_transport.h"
@@ -106,6 +108,30 @@ void TestCacheSteadyState(int size) {
   Config none = TestConfig();
   none.cache_capacity = 0;
   AllreduceRandomOrder(size, 20, none, /*steps=*/2);
+}
+
+// The cache's slots are allocated as tensors are cached, not for the whole
+// capacity at once: a capacity far beyond memory (before: one slot object
+// each, up front, std::bad_alloc) costs nothing until used, and a job at
+// the largest TFRING_CACHE_CAPACITY trains as with the default.
+void TestCacheCapacityCostsNothingUpFront(int size) {
+  ResponseCache huge(int64_t{1} << 40);
+  EXPECT_TRUE(huge.enabled() && huge.allocated_slots() == 0,
+              huge.allocated_slots() << " slots allocated up front");
+  Response response;
+  response.request = MakeRequest("w", CollectiveType::kAllreduce, DataType::kFloat32, {4});
+  huge.Put(response);
+  EXPECT_TRUE(huge.allocated_slots() == 1 && huge.Find(response.request).state ==
+                                                  ResponseCache::State::kHit,
+              huge.allocated_slots() << " slots after one Put");
+  Config largest = TestConfig();
+  for (const ConfigEntry& entry : DescribeConfig(largest)) {
+    if (entry.env_name == "TFRING_CACHE_CAPACITY") {
+      largest.cache_capacity = std::stoll(entry.maximum);
+    }
+  }
+  EXPECT_TRUE(largest.cache_capacity >= 1024, "largest capacity " << largest.cache_capacity);
+  AllreduceRandomOrder(size, 20, largest, /*steps=*/3);
 }
 
 void TestShapeMismatchThenRecovery(int size) {
@@ -1353,6 +1379,7 @@ const std::map<std::string, void (*)(int)>& Scenarios() {
       {"allreduce_orders", TestAllreduceOrders},
       {"small_fusion_threshold", TestSmallFusionThreshold},
       {"cache_steady_state", TestCacheSteadyState},
+      {"cache_capacity_costs_nothing_up_front", TestCacheCapacityCostsNothingUpFront},
       {"shape_mismatch_then_recovery", TestShapeMismatchThenRecovery},
       {"every_mismatch_kind", TestEveryMismatchKind},
       {"allgather_and_broadcast", TestAllgatherAndBroadcast},

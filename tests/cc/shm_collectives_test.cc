@@ -36,6 +36,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <new>
 #include <random>
@@ -1266,6 +1267,95 @@ void PeerTimeout() {
   }
 }
 
+// --- What a peer left in the segment ---
+
+// A peer's exchange length word that is neither a message length nor the
+// "too big" mark (a torn or stale write): Exchange fails with Aborted naming
+// the peer, and no view reaches past the peer's area (before, the view
+// claimed 1 TiB, and GatherToRoot copied it into a string: bad_alloc, or
+// for 64 MiB a read far outside the segment). Rank 1 plays the broken peer
+// with the barrier alone, writing its length word by hand.
+void ExchangeBadLength() {
+  const int size = 2;
+  const size_t slot = kTestSlotBytes;
+  const uint64_t bad_lengths[] = {uint64_t{1} << 40, 0x4000000,
+                                  ShmCollectives::kExchangeCapacity + 1};
+  for (uint64_t bad : bad_lengths) {
+    const size_t bytes = ShmCollectives::SegmentBytes(size, slot);
+    SharedMemory segment(bytes);
+    const std::vector<int> job_ranks = {kJobRanks[0], kJobRanks[1]};
+    RunProcesses(size, ProcessOptions(), [&](int rank, Shared&) {
+      if (rank == 1) {
+        ShmBarrier barrier(segment.data(), 1, size, job_ranks);
+        // The first exchange's area of rank 1 (shm_collectives.h's layout:
+        // the barrier, then the first set of per-rank areas).
+        char* area = segment.data() + ShmBarrier::Bytes(size) +
+                     ShmCollectives::kExchangeAreaBytes;
+        std::memcpy(area, &bad, sizeof(bad));
+        const Status arrived = barrier.WaitCallingPeers("negotiation step");
+        EXPECT_TRUE(arrived.ok(), arrived.message());
+        return;
+      }
+      std::unique_ptr<ShmCollectives> shm;
+      const Status attached = ShmCollectives::Attach(segment.data(), bytes, 0, size, slot,
+                                                     job_ranks, kDataTimeout, &shm);
+      EXPECT_TRUE(attached.ok(), attached.message());
+      Views views;
+      bool fits = true;
+      const Status status = shm->Exchange("abc", 3, &views, &fits);
+      EXPECT_TRUE(status.code() == StatusCode::kAborted,
+                  "a length word of " << bad << " passed: " << status.message());
+      EXPECT_TRUE(Contains(status, "rank " + std::to_string(kJobRanks[1]) + "'s message") &&
+                      Contains(status, "claims " + std::to_string(bad) + " bytes") &&
+                      Contains(status, "restart the job"),
+                  status.message());
+      EXPECT_TRUE(!fits, "fits after a bad length");
+      for (const auto& [data, length] : views) {
+        EXPECT_TRUE(length <= ShmCollectives::kExchangeCapacity,
+                    "a view of " << length << " bytes");
+      }
+    });
+  }
+}
+
+// The barrier's "given up by" index comes from the shared word: one outside
+// the ranks (a corrupted segment) is named as such, never looked up.
+void GiverOutsideTheRanks() {
+  const int size = 2;
+  SharedMemory area(ShmBarrier::Bytes(size));
+  ShmBarrier barrier(area.data(), 0, size, {kJobRanks[0], kJobRanks[1]});
+  // The arrivals word (after the doorbell's three 32-bit words, 8-aligned):
+  // given up (top bit) by local index 999 (bits 48 and up), no arrivals.
+  const uint64_t word = (uint64_t{1} << 63) | (uint64_t{999} << 48);
+  std::memcpy(area.data() + 16, &word, sizeof(word));
+  const Status status = barrier.Wait("test operation", std::chrono::seconds(5));
+  EXPECT_TRUE(status.code() == StatusCode::kAborted, status.message());
+  EXPECT_TRUE(Contains(status, "an unknown rank (local index 999) gave up"), status.message());
+}
+
+// Slots so large that the segment's size does not fit a size_t: SegmentBytes
+// says 0 instead of a wrapped small number, and Attach refuses (before, the
+// size wrapped to a few KiB, the check passed and Slot(r) pointed outside
+// the mapping).
+void SegmentSizeOverflow() {
+  const size_t huge_slot = (std::numeric_limits<size_t>::max() / 2 + 4096) / 128 * 128;
+  EXPECT_TRUE(ShmCollectives::SegmentBytes(2, huge_slot) == 0,
+              "SegmentBytes(2, " << huge_slot << ") = "
+                                 << ShmCollectives::SegmentBytes(2, huge_slot));
+  EXPECT_TRUE(ShmCollectives::SegmentBytes(0, 128) == 0, "SegmentBytes of 0 ranks");
+  // The slots alone fit, the barrier and exchange areas on top do not.
+  const size_t third = std::numeric_limits<size_t>::max() / 3 / 128 * 128;
+  EXPECT_TRUE(ShmCollectives::SegmentBytes(3, third) == 0, "3 ranks of a third of size_t");
+  SharedMemory segment(ShmCollectives::SegmentBytes(2, 128));
+  std::unique_ptr<ShmCollectives> shm;
+  const Status status = ShmCollectives::Attach(segment.data(), 8192, 0, 2, huge_slot, {0, 1},
+                                               std::chrono::seconds(1), &shm);
+  EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument &&
+                  Contains(status, "need more bytes than a size_t holds"),
+              status.message());
+  EXPECT_TRUE(shm == nullptr, "attached with a segment that overflows");
+}
+
 // --- Arguments ---
 
 void ExpectInvalid(const Status& status, const std::string& text) {
@@ -1515,6 +1605,9 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
       {"dead_peer_exchange", [] { DeadPeer(DeadPeerCall::kExchange); }},
       {"peer_timeout", PeerTimeout},
       {"attach_errors", AttachErrors},
+      {"exchange_bad_length", ExchangeBadLength},
+      {"giver_outside_the_ranks", GiverOutsideTheRanks},
+      {"segment_size_overflow", SegmentSizeOverflow},
       {"segment_errors", SegmentErrors},
   };
   return *scenarios;

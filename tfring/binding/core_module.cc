@@ -180,15 +180,51 @@ PYBIND11_MODULE(_core, m) {
         for (const tfring::ConfigEntry& entry : tfring::DescribeConfig(tfring::EffectiveConfig())) {
           py::dict item;
           item["env"] = entry.env_name;
+          item["type"] = entry.type;
           item["value"] = entry.value;
           item["default"] = entry.default_value;
+          item["maximum"] = entry.maximum;
           item["doc"] = entry.doc;
           item["scope"] = entry.scope == tfring::KnobScope::kJob ? "job" : "process";
+          item["set_by"] = entry.set_by;
+          item["horovod"] = entry.horovod_names;
           entries.append(item);
         }
         return entries;
       },
-      "The effective TFRING_* configuration: env, value, default, doc, scope for each knob (while "
+      "The effective TFRING_* configuration: env, type (integer, number, text), value, default, maximum (\"\" for strings), "
+      "doc, scope, set_by (the variable the value was read from: the TFRING_* one, a HOROVOD_* "
+      "one, or \"\" when none was set) and horovod (Horovod's names for the knob) for each knob (while "
       "initialized, the job-wide knobs hold rank 0's values).");
+  m.def(
+      "horovod_variables",
+      [] {
+        py::list variables;
+        for (const tfring::HorovodVariable& variable : tfring::HorovodVariables()) {
+          const char* meaning = "";
+          switch (variable.meaning) {
+            case tfring::HorovodMeaning::kSame: meaning = "same"; break;
+            case tfring::HorovodMeaning::kSwitch: meaning = "switch"; break;
+            case tfring::HorovodMeaning::kDisables: meaning = "disables"; break;
+            case tfring::HorovodMeaning::kTimelinePath: meaning = "timeline"; break;
+            case tfring::HorovodMeaning::kLogLevel: meaning = "log_level"; break;
+            case tfring::HorovodMeaning::kReadByPython: meaning = "python"; break;
+            case tfring::HorovodMeaning::kAlreadySo: meaning = "already_so"; break;
+            case tfring::HorovodMeaning::kIgnored: meaning = "ignored"; break;
+            case tfring::HorovodMeaning::kBuildTime: meaning = "build_time"; break;
+          }
+          py::dict item;
+          item["name"] = variable.name;
+          item["knob"] = variable.knob;
+          item["meaning"] = meaning;
+          item["note"] = variable.note;
+          variables.append(item);
+        }
+        return variables;
+      },
+      "Every HOROVOD_* variable tfring knows: name (a trailing * stands for a family), knob (the "
+      "TFRING_* variable it sets, or \"\"), meaning (same, switch, disables, timeline, "
+      "log_level: read as that knob; python: read by tfring.init(); already_so: tfring always "
+      "behaves so; ignored; build_time) and note.");
   tfring::buffer_collectives::BindBufferCollectives(m);
 }

@@ -46,22 +46,37 @@ class Kind:
     metavar: str
     example: str  # a sample argument, for error messages
     convert: object  # (text, example) -> the variable's value, as a string
+    unit: str = ""  # the argument's unit, for error messages
+    scale: int = 1  # units of the variable per unit of the argument
 
-    def argument_type(self, flag):
-        return lambda text: self.convert(text, f"{flag} {self.example}")
+    def argument_type(self, flag, maximum=None, env=None):
+        """argparse's `type=`: the variable's value, checked against
+        `maximum` (in the variable's units) when one is given."""
+        example = f"{flag} {self.example}"
+
+        def convert(text):
+            value = self.convert(text, example)
+            if maximum is not None and float(value) > maximum:
+                raise argparse.ArgumentTypeError(
+                    f"got {text!r}; expected at most "
+                    f"{_plain(maximum / self.scale)} {self.unit}, the largest "
+                    f"value {env} takes, e.g. {example}")
+            return value
+        return convert
 
 
 MIB = Kind("MB", "64", lambda text, example: str(int(round(
-    _number(text, "MiB", example) * 1024 * 1024))))
+    _number(text, "MiB", example) * 1024 * 1024))), "MiB", 1024 * 1024)
 BYTES = Kind("BYTES", "33554432",
-             lambda text, example: _whole(text, "bytes", example))
-COUNT = Kind("N", "3", lambda text, example: _whole(text, "items", example))
+             lambda text, example: _whole(text, "bytes", example), "bytes")
+COUNT = Kind("N", "3", lambda text, example: _whole(text, "items", example),
+             "items")
 MILLISECONDS = Kind("MS", "2.5", lambda text, example: _plain(
-    _number(text, "milliseconds", example)))
+    _number(text, "milliseconds", example)), "milliseconds")
 SECONDS = Kind("SECONDS", "30", lambda text, example: _plain(
-    _number(text, "seconds", example)))
+    _number(text, "seconds", example)), "seconds")
 NUMBER = Kind("X", "0.5", lambda text, example: _plain(
-    _number(text, "units", example)))
+    _number(text, "units", example)), "units")
 # Relative paths become absolute: ranks on other hosts start in whatever
 # directory their daemon gives them.
 PATH = Kind("FILE", "/tmp/out", lambda text, example: os.path.abspath(text))
@@ -78,6 +93,10 @@ class KnobFlag:
     kind: Kind = None  # None: a switch that sets `const`
     const: str = None
     choices: tuple = None
+    # The largest value the variable takes (the core's bound in cc/config.h,
+    # which tfring._core.config() lists as "maximum"; a test checks they
+    # agree), in the variable's units; None for text.
+    maximum: float = None
 
     @property
     def dest(self):
@@ -87,27 +106,27 @@ class KnobFlag:
 KNOB_FLAGS = (
     KnobFlag(("--fusion-threshold-mb",), "TFRING_FUSION_THRESHOLD",
              "fusion buffer size in MiB; 0 disables fusion",
-             MIB),
+             MIB, maximum=2 ** 36),
     KnobFlag(("--cycle-time-ms",), "TFRING_CYCLE_TIME",
-             "milliseconds between negotiation rounds when no work arrives",
-             MILLISECONDS),
+             "milliseconds between negotiation rounds when no work arrives ",
+             MILLISECONDS, maximum=60000),
     KnobFlag(("--cache-capacity",), "TFRING_CACHE_CAPACITY",
-             "negotiated tensors remembered; 0 disables the response cache",
-             COUNT),
+             "negotiated tensors remembered; 0 disables the response cache ",
+             COUNT, maximum=2 ** 16),
     KnobFlag(("--disable-cache",), "TFRING_CACHE_CAPACITY",
              "no response cache (the same as --cache-capacity 0)", const="0"),
     KnobFlag(("--direct-threshold-mb",), "TFRING_DIRECT_THRESHOLD",
-             "allreduces of at least this many MiB skip the fusion buffer",
-             MIB),
+             "allreduces of at least this many MiB skip the fusion buffer ",
+             MIB, maximum=2 ** 40),
     KnobFlag(("--no-shm",), "TFRING_SHM",
              "ranks on one host talk through MPI instead of shared memory",
              const="0"),
     KnobFlag(("--shm-bytes",), "TFRING_SHM_BYTES",
              "bytes of each rank's shared-memory slot",
-             BYTES),
+             BYTES, maximum=2 ** 30),
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
-             "seconds to wait for a live peer in a shared-memory operation",
-             SECONDS),
+             "seconds to wait for a live peer in a shared-memory operation ",
+             SECONDS, maximum=10 ** 6),
     KnobFlag(("--cpu-binding",), "TFRING_CPU_BINDING",
              "bind each rank to its own share of its host's CPUs (helps "
              "when TensorFlow's thread pools are sized to that share)",
@@ -123,21 +142,22 @@ KNOB_FLAGS = (
     KnobFlag(("--hierarchical-threshold-mb",),
              "TFRING_HIERARCHICAL_THRESHOLD",
              "with --hierarchical-allreduce-auto, the size in MiB from which "
-             "allreduces take the hierarchical path", MIB),
+             "allreduces take the hierarchical path", MIB,
+             maximum=2 ** 40),
     KnobFlag(("--output-pool-bytes",), "TFRING_OUTPUT_POOL_BYTES",
-             "bytes of freed collective outputs kept for reuse; 0 disables",
-             BYTES),
+             "bytes of freed collective outputs kept for reuse; 0 disables ",
+             BYTES, maximum=2 ** 40),
     KnobFlag(("--no-stall-check",), "TFRING_STALL_CHECK_TIME_SECONDS",
              "no warning about tensors that other ranks are late to submit",
              const="0"),
     KnobFlag(("--stall-check-warning-time-seconds",),
              "TFRING_STALL_CHECK_TIME_SECONDS",
-             "seconds before rank 0 warns which ranks a tensor waits for",
-             SECONDS),
+             "seconds before rank 0 warns which ranks a tensor waits for ",
+             SECONDS, maximum=10 ** 6),
     KnobFlag(("--stall-check-shutdown-time-seconds",),
              "TFRING_STALL_SHUTDOWN_TIME_SECONDS",
              "seconds a tensor may wait before the job stops with an error; "
-             "0 never", SECONDS),
+             "0 never", SECONDS, maximum=10 ** 6),
     KnobFlag(("--log-level",), "TFRING_LOG_LEVEL",
              "least severe message the core logs",
              TEXT, choices=LOG_LEVELS),
@@ -157,21 +177,24 @@ KNOB_FLAGS = (
              "first trial, e.g. fusion_threshold=65536,cycle_time=1", TEXT),
     KnobFlag(("--autotune-warmup-samples",),
              "TFRING_AUTOTUNE_WARMUP_SAMPLES",
-             "autotuner samples discarded at the start", COUNT),
+             "autotuner samples discarded at the start", COUNT,
+             maximum=10 ** 6),
     KnobFlag(("--autotune-steps-per-sample", "--autotune-cycles-per-sample"),
              "TFRING_AUTOTUNE_CYCLES_PER_SAMPLE",
              "cycles that moved data per autotuner sample",
-             COUNT),
+             COUNT, maximum=10 ** 6),
     KnobFlag(("--autotune-samples-per-trial",),
              "TFRING_AUTOTUNE_SAMPLES_PER_TRIAL",
-             "samples per autotuner trial", COUNT),
+             "samples per autotuner trial", COUNT,
+             maximum=10 ** 4),
     KnobFlag(("--autotune-bayes-opt-max-samples", "--autotune-max-trials"),
              "TFRING_AUTOTUNE_MAX_TRIALS",
-             "trials before the autotuner settles", COUNT),
+             "trials before the autotuner settles", COUNT,
+             maximum=1000),
     KnobFlag(("--autotune-gaussian-process-noise",),
              "TFRING_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
              "noise the autotuner's Gaussian process assumes",
-             NUMBER),
+             NUMBER, maximum=100),
 )
 
 
@@ -223,21 +246,10 @@ def add_arguments(parser):
                 choices=knob.choices,
                 metavar="{" + ",".join(knob.choices) + "}", help=help_text)
         else:
-            action = group.add_argument(
-                *knob.flags, dest=knob.dest, default=None,
-                type=knob.kind.argument_type(knob.flags[0]),
-                metavar=knob.kind.metavar, help=help_text)
-        action.tfring_knob = knob
-
-
-def show_defaults(parser):
-    """Ends the help text of every knob flag of `parser` with the core's
-    default for its variable, in the flag's unit."""
-    defaults = core_defaults()
-    for action in parser._actions:
-        knob = getattr(action, "tfring_knob", None)
-        if knob is not None:
-            action.help = _help(knob, defaults)
+            group.add_argument(*knob.flags, dest=knob.dest, default=None,
+                               type=knob.kind.argument_type(
+                                   knob.flags[0], knob.maximum, knob.env),
+                               metavar=knob.kind.metavar, help=help_text)
 
 
 def settings(args):
