@@ -93,7 +93,8 @@ def test_torch_digits_at_two_ranks():
 def test_torch_digits_one_pass_per_epoch(num_ranks, steps):
     # Without --steps each rank makes one pass over its share: at 3 ranks
     # the shares give different step counts, and the ranks that finish
-    # first wait in hvd.join() (without it the job stalls).
+    # first wait in hvd.join() (without it the job stalls until the
+    # timeout).
     pytest.importorskip("torch")
     script = REPO / "torch_examples" / "digits.py"
     argv = [sys.executable, str(script), "--epochs", "6"]
@@ -101,7 +102,6 @@ def test_torch_digits_one_pass_per_epoch(num_ranks, steps):
         argv, num_ranks, TORCH_DIGITS_TIMEOUT_SECONDS,
         env=mpi_launch.working_tree_env(quiet_tensorflow=True), cwd=str(REPO))
     assert result.returncode == 0 and not result.timed_out, result.describe()
-    assert "stall" not in result.output.lower(), result.describe()
     lines = [line for line in result.output.splitlines()
              if line.startswith("Final validation accuracy:")]
     assert len(lines) == 1, result.describe()
