@@ -6,9 +6,12 @@
 #      and a TensorFlow only if none is importable in the venv:
 #      ${TFRING_TF_PACKAGE:-tensorflow-cpu==2.21.0}, and, for the tests and
 #      examples of tfring.torch only (tfring itself does not need it), a torch
-#      only if none is importable: ${TFRING_TORCH_PACKAGE:-torch}, from
-#      PyTorch's CPU wheel index when that index can be reached (a smaller
-#      download), else the plain PyPI wheel (CPU-usable too);
+#      only if none is importable: ${TFRING_TORCH_PACKAGE:-torch==2.13.0}.
+#      pip takes its CPU build (2.13.0+cpu: no CUDA libraries, no triton;
+#      tfring.torch runs on the CPU) from PyTorch's CPU wheel index when that
+#      index can be reached, or from a wheel directory named by
+#      PIP_FIND_LINKS; otherwise PyPI's wheel, which on Linux x86_64 is a
+#      CUDA build of several GB that brings triton along;
 #   3. installs tfring into the venv (pip install --no-build-isolation --no-deps .);
 #   4. builds the native libraries in the source tree too (setup.py build_ext
 #      --inplace), because `python -m pytest` run from the repo root imports
@@ -39,7 +42,7 @@ if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("te
 fi
 
 if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then
-  torch_package="${TFRING_TORCH_PACKAGE:-torch}"
+  torch_package="${TFRING_TORCH_PACKAGE:-torch==2.13.0}"
   torch_cpu_index=https://download.pytorch.org/whl/cpu
   if curl -fsS --max-time 5 -o /dev/null "$torch_cpu_index/" 2>/dev/null; then
     say "no torch in .venv: installing $torch_package from $torch_cpu_index (tests and examples of tfring.torch)"

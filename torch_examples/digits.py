@@ -3,9 +3,11 @@
 The data is the 8x8 digit images that ship inside scikit-learn
 (`sklearn.datasets.load_digits`: 1797 images, 10 classes), so it runs
 offline. A fixed fifth of the images is held out for validation; each rank
-trains on every size()-th of the rest. It is a plain single-process PyTorch
-loop made distributed with tfring.torch (horovod.torch's API); every line
-that tfring adds or changes ends with `# tfring:`.
+trains on every size()-th of the rest (at 3 ranks rank 0 holds 480 images
+and the others 479, so rank 0 runs one step more per epoch). It is a plain
+single-process PyTorch loop made distributed with tfring.torch
+(horovod.torch's API); every line that tfring adds or changes ends with
+`# tfring:`.
 
     tfringrun -np 2 python torch_examples/digits.py
     python torch_examples/digits.py          # one process works too
@@ -16,6 +18,11 @@ What tfring does here:
     with --batch-size 32 train like one process with batch 64;
   * the learning rate is scaled by the number of ranks;
   * every rank starts from rank 0's weights and optimizer state;
+  * a rank that runs out of batches calls hvd.join(): until every rank has,
+    it takes part in the others' allreduces without a gradient of its own
+    (the average is over the ranks that still have data), and afterwards
+    every rank takes the weights and optimizer state of the last rank to
+    join, which ran every step;
   * the validation accuracy is averaged over the ranks (allreduce), and only
     rank 0 prints.
 """
@@ -34,7 +41,7 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=0,
                         help="steps per epoch (0: one pass over this rank's "
-                        "share)")
+                        "share, which may differ between ranks)")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="per rank")
     parser.add_argument("--lr", type=float, default=0.02,
@@ -97,6 +104,10 @@ def main():
             loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
             loss.backward()
             optimizer.step()
+        # tfring: out of batches; wait for the ranks that still have some.
+        last = hvd.join()  # tfring:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=last)  # tfring:
+        hvd.broadcast_optimizer_state(optimizer, root_rank=last)  # tfring:
         model.eval()
         with torch.no_grad():
             correct = (model(x_val).argmax(1) == y_val).double().sum()
@@ -106,10 +117,12 @@ def main():
         if hvd.rank() == 0:  # tfring:
             print(f"epoch {epoch + 1}: loss {loss.item():.4f} "
                   f"validation accuracy {accuracy:.4f}", flush=True)
+    all_steps = hvd.allgather_object(steps)  # tfring:
     if hvd.rank() == 0:  # tfring:
         print(f"Final validation accuracy: {accuracy:.4f}")
-        print(f"Trained {args.epochs} epochs x {steps} steps on "
-              f"{hvd.size()} ranks")
+        print(f"Trained {args.epochs} epochs x {max(all_steps)} steps on "
+              f"{hvd.size()} ranks (steps per epoch, rank by rank: "
+              f"{', '.join(map(str, all_steps))})")
 
 
 if __name__ == "__main__":
