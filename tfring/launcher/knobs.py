@@ -108,15 +108,15 @@ KNOB_FLAGS = (
              "fusion buffer size in MiB; 0 disables fusion",
              MIB, maximum=2 ** 36),
     KnobFlag(("--cycle-time-ms",), "TFRING_CYCLE_TIME",
-             "milliseconds between negotiation rounds when no work arrives ",
+             "milliseconds between negotiation rounds when no work arrives",
              MILLISECONDS, maximum=60000),
     KnobFlag(("--cache-capacity",), "TFRING_CACHE_CAPACITY",
-             "negotiated tensors remembered; 0 disables the response cache ",
+             "negotiated tensors remembered; 0 disables the response cache",
              COUNT, maximum=2 ** 16),
     KnobFlag(("--disable-cache",), "TFRING_CACHE_CAPACITY",
              "no response cache (the same as --cache-capacity 0)", const="0"),
     KnobFlag(("--direct-threshold-mb",), "TFRING_DIRECT_THRESHOLD",
-             "allreduces of at least this many MiB skip the fusion buffer ",
+             "allreduces of at least this many MiB skip the fusion buffer",
              MIB, maximum=2 ** 40),
     KnobFlag(("--no-shm",), "TFRING_SHM",
              "ranks on one host talk through MPI instead of shared memory",
@@ -125,7 +125,7 @@ KNOB_FLAGS = (
              "bytes of each rank's shared-memory slot",
              BYTES, maximum=2 ** 30),
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
-             "seconds to wait for a live peer in a shared-memory operation ",
+             "seconds to wait for a live peer in a shared-memory operation",
              SECONDS, maximum=10 ** 6),
     KnobFlag(("--cpu-binding",), "TFRING_CPU_BINDING",
              "bind each rank to its own share of its host's CPUs (helps "
@@ -145,14 +145,14 @@ KNOB_FLAGS = (
              "allreduces take the hierarchical path", MIB,
              maximum=2 ** 40),
     KnobFlag(("--output-pool-bytes",), "TFRING_OUTPUT_POOL_BYTES",
-             "bytes of freed collective outputs kept for reuse; 0 disables ",
+             "bytes of freed collective outputs kept for reuse; 0 disables",
              BYTES, maximum=2 ** 40),
     KnobFlag(("--no-stall-check",), "TFRING_STALL_CHECK_TIME_SECONDS",
              "no warning about tensors that other ranks are late to submit",
              const="0"),
     KnobFlag(("--stall-check-warning-time-seconds",),
              "TFRING_STALL_CHECK_TIME_SECONDS",
-             "seconds before rank 0 warns which ranks a tensor waits for ",
+             "seconds before rank 0 warns which ranks a tensor waits for",
              SECONDS, maximum=10 ** 6),
     KnobFlag(("--stall-check-shutdown-time-seconds",),
              "TFRING_STALL_SHUTDOWN_TIME_SECONDS",
@@ -246,10 +246,22 @@ def add_arguments(parser):
                 choices=knob.choices,
                 metavar="{" + ",".join(knob.choices) + "}", help=help_text)
         else:
-            group.add_argument(*knob.flags, dest=knob.dest, default=None,
-                               type=knob.kind.argument_type(
-                                   knob.flags[0], knob.maximum, knob.env),
-                               metavar=knob.kind.metavar, help=help_text)
+            action = group.add_argument(
+                *knob.flags, dest=knob.dest, default=None,
+                type=knob.kind.argument_type(knob.flags[0], knob.maximum,
+                                             knob.env),
+                metavar=knob.kind.metavar, help=help_text)
+        action.tfring_knob = knob
+
+
+def show_defaults(parser):
+    """Ends the help text of every knob flag of `parser` with the core's
+    default for its variable, in the flag's unit."""
+    defaults = core_defaults()
+    for action in parser._actions:
+        knob = getattr(action, "tfring_knob", None)
+        if knob is not None:
+            action.help = _help(knob, defaults)
 
 
 def settings(args):
