@@ -276,6 +276,12 @@ def test_fp16_compression(rank, size):
     assert result.dtype == torch.float32
     torch.testing.assert_close(result, torch.full(
         (5,), 0.5 * sum(r + 1 for r in range(size))))
+    # bfloat16 is sent as it is (float16 would narrow its range).
+    compressed, ctx = hvd.Compression.fp16.compress(
+        torch.full((2,), 1e30, dtype=torch.bfloat16))
+    assert compressed.dtype == torch.bfloat16
+    assert hvd.Compression.fp16.compress(torch.ones(1))[0].dtype == \
+        torch.float16
 
 
 def test_topology(rank, size):
