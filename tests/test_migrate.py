@@ -364,6 +364,50 @@ def test_command_prints_a_diff_by_default_and_writes_with_write(tmp_path):
     assert script.read_text() == "import tfring as hvd\nhvd.elastic.run\n"
 
 
+def test_write_skips_links_that_leave_the_tree(tmp_path):
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    tree.mkdir()
+    outside.mkdir()
+    foreign = outside / "shared.py"
+    foreign.write_text("import horovod.torch as hvd\n")
+    mine = tree / "train.py"
+    mine.write_text("import horovod.torch as hvd\n")
+    (tree / "a_link_out.py").symlink_to(foreign)
+    (tree / "a_link_in.py").symlink_to(mine)  # sorts before its target
+    result = _run_tool("--write", str(tree))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (f"not ported: {tree / 'a_link_out.py'} is a symbolic link to {foreign}, "
+            f"outside {tree}: name the file itself to port it") in result.stdout
+    assert foreign.read_text() == "import horovod.torch as hvd\n"
+    # A link inside the tree: its target is ported once, the link stays a link.
+    assert mine.read_text() == "import tfring.torch as hvd\n"
+    assert (tree / "a_link_in.py").is_symlink()
+    assert result.stdout.count("ported ") == 1, result.stdout
+    # Naming the file (or the link) on the command line ports it.
+    named = _run_tool("--write", str(tree / "a_link_out.py"))
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert foreign.read_text() == "import tfring.torch as hvd\n"
+    assert (tree / "a_link_out.py").is_symlink()
+
+
+def test_write_replaces_the_file_in_one_rename_and_keeps_its_mode(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.torch as hvd\r\nhvd.init()\r\n")
+    script.chmod(0o750)
+    before = script.stat()
+    # A second name for the old file: an in-place rewrite would change it too.
+    (tmp_path / "old_copy").hardlink_to(script)
+    result = _run_tool("--write", str(script))
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = script.stat()
+    assert after.st_ino != before.st_ino  # a new file renamed over the old one
+    assert oct(after.st_mode & 0o7777) == oct(0o750)
+    assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)
+    assert (tmp_path / "old_copy").read_bytes() == b"import horovod.torch as hvd\r\nhvd.init()\r\n"
+    assert script.read_bytes() == b"import tfring.torch as hvd\r\nhvd.init()\r\n"  # line endings kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old_copy", "train.py"]
+
+
 def test_command_reports_a_file_that_does_not_parse(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text("def (:\n")
