@@ -18,10 +18,8 @@ def imported_names(visitor, node):
     transformer that declares QualifiedNameProvider) is imported as:
     {"torch.optim.SGD"} for `optim.SGD` after `import torch.optim as optim`;
     empty for local names, builtins and unbound names."""
-    try:
-        names = visitor.get_metadata(metadata.QualifiedNameProvider, node, set())
-    except KeyError:  # a node the tree built after the metadata was computed
-        return set()
+    # A node built by a rewrite after the metadata was computed has none.
+    names = visitor.get_metadata(metadata.QualifiedNameProvider, node, set())
     return {n.name for n in names
             if n.source == metadata.QualifiedNameSource.IMPORT}
 
