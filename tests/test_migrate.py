@@ -39,12 +39,161 @@ def test_horovod_imports(before, after):
 
 
 @pytest.mark.parametrize("before,after", [
+    ("import horovod.torch as hvd\n", "import tfring.torch as hvd\n"),
+    ("from horovod import torch as hvd\n", "import tfring.torch as hvd\n"),
+    ("from horovod.torch import DistributedOptimizer, broadcast_parameters\n",
+     "from tfring.torch import DistributedOptimizer, broadcast_parameters\n"),
+    ("from horovod.torch.mpi_ops import allreduce_async_\n",
+     "from tfring.torch.mpi_ops import allreduce_async_\n"),
+    ("import horovod.torch\nhorovod.torch.init()\n",
+     "import tfring.torch\ntfring.torch.init()\n"),
+    ("import horovod\nimport horovod.torch as hvd\n"
+     "horovod.run(main, args=(args,), np=2, use_gloo=False)\n",
+     "import tfring.torch as hvd\nmain(*(args,))\n"),
+])
+def test_horovod_torch_imports(before, after):
+    result = _port(before)
+    assert result.source == after
+    assert result.findings == []
+
+
+@pytest.mark.parametrize("source", [
+    # torch.optim's keyword is lr: never renamed, however it is imported.
+    "import torch\nopt = torch.optim.SGD(model.parameters(), lr=0.01)\n",
+    "import torch.optim as optim\nopt = optim.SGD(model.parameters(), lr=0.01, momentum=0.5)\n",
+    "from torch import optim\nopt = optim.Adam(params, lr=1e-3)\n",
+    "from torch.optim import SGD\nopt = SGD(params, lr=0.01)\n",
+    "from torch.optim import AdamW as Adam\nopt = Adam(params, lr=0.01)\n",
+    # A Keras-looking name that is not imported from Keras.
+    "from mylib.optimizers import SGD\nopt = SGD(lr=0.1)\n",
+    "def build(keras):\n    return keras.optimizers.SGD(lr=0.1)\n",
+    # In a script that imports TensorFlow too, torch's optimizer stays.
+    "import tensorflow as tf\nimport torch\nopt = torch.optim.SGD(p, lr=0.1)\n",
+])
+def test_lr_is_left_alone_on_optimizers_that_are_not_keras(source):
+    assert _port(source).source == source
+
+
+@pytest.mark.parametrize("imports,call", [
+    ("import tensorflow as tf\n", "tf.keras.optimizers.SGD"),
+    ("import tensorflow as tf\n", "tf.optimizers.Adam"),
+    ("import tensorflow as tf\n", "tf.keras.optimizers.legacy.RMSprop"),
+    ("import tensorflow as tf\n", "tf.compat.v1.keras.optimizers.Adam"),
+    ("from tensorflow import keras\n", "keras.optimizers.Adadelta"),
+    ("from tensorflow.keras import optimizers\n", "optimizers.Nadam"),
+    ("from keras.optimizers import SGD\n", "SGD"),
+    ("from tensorflow.keras.optimizers import Adam as KerasAdam\n", "KerasAdam"),
+])
+def test_lr_is_renamed_on_keras_optimizers_however_imported(imports, call):
+    result = _port(f"{imports}opt = {call}(lr=0.1)\n")
+    assert result.source == f"{imports}opt = {call}(learning_rate=0.1)\n"
+
+
+@pytest.mark.parametrize("before,after", [
+    ("import torch\nwith torch.cuda.amp.autocast():\n    y = m(x)\n",
+     "import torch\nwith torch.amp.autocast(\"cuda\"):\n    y = m(x)\n"),
+    # Positional arguments become keywords: torch.amp.autocast's order differs.
+    ("import torch\nwith torch.cuda.amp.autocast(True, torch.float16):\n    pass\n",
+     "import torch\nwith torch.amp.autocast(\"cuda\", enabled=True, dtype=torch.float16):\n"
+     "    pass\n"),
+    ("import torch\nwith torch.cpu.amp.autocast(dtype=torch.bfloat16):\n    pass\n",
+     "import torch\nwith torch.amp.autocast(\"cpu\", dtype=torch.bfloat16):\n    pass\n"),
+    ("import torch\nscaler = torch.cuda.amp.GradScaler(init_scale=1024)\n",
+     "import torch\nscaler = torch.amp.GradScaler(\"cuda\", init_scale=1024)\n"),
+    ("from torch.cuda.amp import autocast, GradScaler\n"
+     "scaler = GradScaler()\n@autocast()\ndef f(x):\n    return x\n",
+     "from torch.amp import autocast, GradScaler\n"
+     "scaler = GradScaler(\"cuda\")\n@autocast(\"cuda\")\ndef f(x):\n    return x\n"),
+    ("from torch.cuda.amp import autocast as ac\nwith ac(enabled=False):\n    pass\n",
+     "from torch.amp import autocast as ac\nwith ac(\"cuda\", enabled=False):\n    pass\n"),
+    # An import that also brings other names stays, and so do its calls.
+    ("from torch.cuda.amp import autocast, custom_fwd\nwith autocast():\n    pass\n",
+     "from torch.cuda.amp import autocast, custom_fwd\nwith autocast():\n    pass\n"),
+    # Someone else's autocast is not torch's.
+    ("from mylib import autocast\nwith autocast():\n    pass\nimport torch\n",
+     "from mylib import autocast\nwith autocast():\n    pass\nimport torch\n"),
+])
+def test_torch_amp_rewrites(before, after):
+    assert _port(before).source == after
+
+
+@pytest.mark.parametrize("before,after", [
+    ("import torch.nn.functional as F\nl = F.nll_loss(out, y, size_average=False).item()\n",
+     "import torch.nn.functional as F\nl = F.nll_loss(out, y, reduction='sum').item()\n"),
+    ("import torch.nn.functional as F\nl = F.cross_entropy(out, y, reduce=False)\n",
+     "import torch.nn.functional as F\nl = F.cross_entropy(out, y, reduction='none')\n"),
+    ("import torch.nn.functional as F\nl = F.mse_loss(a, b, size_average=True, reduce=True)\n",
+     "import torch.nn.functional as F\nl = F.mse_loss(a, b, reduction='mean')\n"),
+    # The legacy arguments win over reduction= in torch: the result keeps that.
+    ("import torch\nc = torch.nn.NLLLoss(size_average=False, reduction='mean', weight=w)\n",
+     "import torch\nc = torch.nn.NLLLoss(reduction='sum', weight=w)\n"),
+    ("from torch import nn\nc = nn.L1Loss(\n    size_average=None,\n    reduce=False,\n)\n",
+     "from torch import nn\nc = nn.L1Loss(\n    reduction='none',\n)\n"),
+    # A value known only at run time is left for torch's warning.
+    ("import torch.nn.functional as F\nl = F.nll_loss(o, y, size_average=flag)\n",
+     "import torch.nn.functional as F\nl = F.nll_loss(o, y, size_average=flag)\n"),
+    # Not torch's.
+    ("import torch\nfrom mylib import nll_loss\nl = nll_loss(o, y, size_average=False)\n",
+     "import torch\nfrom mylib import nll_loss\nl = nll_loss(o, y, size_average=False)\n"),
+])
+def test_torch_legacy_loss_reduction(before, after):
+    assert _port(before).source == after
+
+
+def test_removed_import_keeps_the_blank_lines_and_comments_above_it():
+    result = _port("""\
+        import os
+
+        # Horovod
+        import horovod
+        import horovod.torch as hvd
+        """)
+    assert result.source == "import os\n\n# Horovod\nimport tfring.torch as hvd\n"
+
+
+def test_a_pytorch_script_gets_no_keras_rewrites():
+    # Calls that would get Keras 2 -> 3 edits in a Keras script.
+    source = textwrap.dedent("""\
+        import torch
+        import horovod.torch as hvd
+        trainer.fit(model, workers=4)
+        names = layer.variables()
+        model.compile(mode="max-autotune", experimental_run_tf_function=False)
+        """)
+    assert _port(source).source == source.replace("horovod.torch", "tfring.torch")
+
+
+@pytest.mark.parametrize("source,line,what,advice", [
+    ("import horovod.torch as hvd\n\n@hvd.elastic.run\ndef train(state):\n    pass\n",
+     3, "uses Horovod's elastic training", "DistributedSampler"),
+    ("import horovod.torch as hvd\nstate = hvd.elastic.TorchState(model, optimizer)\n",
+     2, "uses Horovod's elastic training", "torch.save"),
+    ("from horovod.torch.elastic import ElasticSampler\n",
+     1, "uses Horovod's elastic training", "DistributedSampler"),
+    ("from horovod.torch import elastic\n",
+     1, "uses Horovod's elastic training", "restart the job"),
+    ("from horovod.spark import torch as hvd_spark\n",
+     1, "uses Horovod's Spark integration", "tfringrun -np N"),
+    ("import horovod.mxnet as hvd\n", 1, "uses horovod.mxnet", "horovod.torch only"),
+    ("from pytorch_lightning import Trainer\ntrainer = Trainer(accelerator='horovod', gpus=0)\n",
+     2, "uses PyTorch Lightning's Horovod strategy", "strategy=\"ddp\""),
+    ("import lightning as L\ntrainer = L.Trainer(strategy=\"horovod\")\n",
+     2, "uses PyTorch Lightning's Horovod strategy", "tfring.torch.DistributedOptimizer"),
+])
+def test_what_cannot_be_ported_from_a_torch_script(source, line, what, advice):
+    [finding] = _port(source).findings
+    assert finding.line == line
+    assert finding.what.startswith(what), finding
+    assert advice in finding.suggestion, finding
+
+
+@pytest.mark.parametrize("before,after", [
     ("model.compile(loss='mse', optimizer=opt, experimental_run_tf_function=False)\n",
      "model.compile(loss='mse', optimizer=opt)\n"),
     ("hvd.broadcast_variables(opt.variables(), root_rank=0)\n",
      "hvd.broadcast_variables(opt.variables, root_rank=0)\n"),
-    ("opt = keras.optimizers.SGD(lr=0.1, momentum=0.9)\n",
-     "opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)\n"),
+    ("import keras\nopt = keras.optimizers.SGD(lr=0.1, momentum=0.9)\n",
+     "import keras\nopt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)\n"),
     ("model.fit_generator(gen, epochs=2)\nmodel.evaluate_generator(gen)\n",
      "model.fit(gen, epochs=2)\nmodel.evaluate(gen)\n"),
     ("from keras.preprocessing.image import ImageDataGenerator\n",
@@ -215,6 +364,50 @@ def test_command_prints_a_diff_by_default_and_writes_with_write(tmp_path):
     assert script.read_text() == "import tfring as hvd\nhvd.elastic.run\n"
 
 
+def test_write_skips_links_that_leave_the_tree(tmp_path):
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    tree.mkdir()
+    outside.mkdir()
+    foreign = outside / "shared.py"
+    foreign.write_text("import horovod.torch as hvd\n")
+    mine = tree / "train.py"
+    mine.write_text("import horovod.torch as hvd\n")
+    (tree / "a_link_out.py").symlink_to(foreign)
+    (tree / "a_link_in.py").symlink_to(mine)  # sorts before its target
+    result = _run_tool("--write", str(tree))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (f"not ported: {tree / 'a_link_out.py'} is a symbolic link to {foreign}, "
+            f"outside {tree}: name the file itself to port it") in result.stdout
+    assert foreign.read_text() == "import horovod.torch as hvd\n"
+    # A link inside the tree: its target is ported once, the link stays a link.
+    assert mine.read_text() == "import tfring.torch as hvd\n"
+    assert (tree / "a_link_in.py").is_symlink()
+    assert result.stdout.count("ported ") == 1, result.stdout
+    # Naming the file (or the link) on the command line ports it.
+    named = _run_tool("--write", str(tree / "a_link_out.py"))
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert foreign.read_text() == "import tfring.torch as hvd\n"
+    assert (tree / "a_link_out.py").is_symlink()
+
+
+def test_write_replaces_the_file_in_one_rename_and_keeps_its_mode(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.torch as hvd\r\nhvd.init()\r\n")
+    script.chmod(0o750)
+    before = script.stat()
+    # A second name for the old file: an in-place rewrite would change it too.
+    (tmp_path / "old_copy").hardlink_to(script)
+    result = _run_tool("--write", str(script))
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = script.stat()
+    assert after.st_ino != before.st_ino  # a new file renamed over the old one
+    assert oct(after.st_mode & 0o7777) == oct(0o750)
+    assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)
+    assert (tmp_path / "old_copy").read_bytes() == b"import horovod.torch as hvd\r\nhvd.init()\r\n"
+    assert script.read_bytes() == b"import tfring.torch as hvd\r\nhvd.init()\r\n"  # line endings kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old_copy", "train.py"]
+
+
 def test_command_reports_a_file_that_does_not_parse(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text("def (:\n")
@@ -223,8 +416,19 @@ def test_command_reports_a_file_that_does_not_parse(tmp_path):
     assert "does not parse as Python" in result.stderr
 
 
+# The runs of each fixture, one argument list each (default: one run, no
+# arguments). The MNIST-style torch script goes through its horovod.run
+# branch, then resumes from the checkpoint the first run wrote.
+FIXTURE_RUNS = {
+    "torch_mnist_horovod.py": [["--num-proc", "2"],
+                               ["--num-proc", "2", "--fp16-allreduce"]],
+}
+
+
 @pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.py")))
 def test_ported_horovod_style_script_runs_at_two_ranks(fixture, tmp_path):
+    if fixture.startswith("torch_"):
+        pytest.importorskip("torch")
     script = tmp_path / fixture
     script.write_text((FIXTURES / fixture).read_text())
     ported = _run_tool("--write", str(script))
@@ -232,8 +436,15 @@ def test_ported_horovod_style_script_runs_at_two_ranks(fixture, tmp_path):
     assert "import horovod" not in script.read_text()
     env = working_tree_env(quiet_tensorflow=True, OMP_NUM_THREADS="1",
                            TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
-    result = launch([sys.executable, str(script)], 2, timeout=300, env=env,
-                    cwd=str(tmp_path))
-    assert result.returncode == 0 and not result.timed_out, result.describe()
-    for rank in range(2):
-        assert f"rank {rank} PORTED_SCRIPT_DONE" in result.output, result.describe()
+    if fixture.startswith("torch_"):
+        # What torch 2.x deprecated (torch.cuda.amp, size_average=) must be
+        # gone: its warnings become errors.
+        env["PYTHONWARNINGS"] = "error::FutureWarning,error:size_average:UserWarning"
+    for run, arguments in enumerate(FIXTURE_RUNS.get(fixture, [[]])):
+        result = launch([sys.executable, str(script), *arguments], 2,
+                        timeout=300, env=env, cwd=str(tmp_path))
+        assert result.returncode == 0 and not result.timed_out, result.describe()
+        for rank in range(2):
+            assert f"rank {rank} PORTED_SCRIPT_DONE" in result.output, result.describe()
+        if run and fixture == "torch_mnist_horovod.py":
+            assert "resumed=1" in result.output, result.describe()

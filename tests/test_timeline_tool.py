@@ -387,3 +387,66 @@ def test_cli_json(timeline_file):
     summary = json.loads(result.stdout)
     assert summary["ops"] == EXPECTED_OPS
     assert summary["batches"]["per_cycle_max"] == 2
+
+
+def test_timeline_layout_has_a_row_per_tensor_with_marks_and_spans_in_ms(tool, timeline_file):
+    layout = tool.timeline_layout(tool.load(timeline_file))
+    assert layout["size"] == 3
+    assert layout["window"] == (0.1, 2.065)  # first ready mark to the last op's end
+    rows = {row["name"]: row for row in layout["rows"]}
+    assert [row["name"] for row in layout["rows"]] == ["grad/a", "grad/b", "grad/c", "bcast/w"]
+    a = rows["grad/a"]
+    assert a["negotiations"] == [(0.1, 0.18), (1.0, 1.12)]
+    assert sorted(a["ready"]) == [(0.1, 0), (0.13, 1), (0.16, 2), (1.0, 2), (1.01, 0), (1.1, 1)]
+    assert a["ops"] == [(0.18, 0.28, "allreduce", None), (1.12, 1.19, "allreduce", None)]
+    assert [p[2] for p in a["phases"]] == ["queue", "copy_in", "communicate", "copy_out",
+                                           "callback", "copy_in", "communicate", "callback"]
+    assert rows["grad/b"]["ops"][1] == (1.12, 1.13, "allreduce", "Mismatched allreduce tensor shapes")
+
+
+def test_timeline_layout_window_keeps_what_overlaps_it(tool, timeline_file):
+    layout = tool.timeline_layout(tool.load(timeline_file), window=(0.0, 0.5))
+    assert layout["window"] == (0.0, 0.5)
+    assert [row["name"] for row in layout["rows"]] == ["grad/a", "grad/b", "grad/c"]
+    assert layout["rows"][0]["negotiations"] == [(0.1, 0.18)]
+    # A span that starts inside and ends after the window is kept whole.
+    layout = tool.timeline_layout(tool.load(timeline_file), window=(1.15, 1.5))
+    assert [(row["name"], row["ops"]) for row in layout["rows"]] == [
+        ("grad/a", [(1.12, 1.19, "allreduce", None)])]
+
+
+def test_plot_timeline_draws_a_row_per_tensor_titled_without_the_path(tool, timeline_file, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "rows.png"
+    figure = tool.plot_timeline(tool.load(timeline_file), str(out))
+    assert out.read_bytes().startswith(PNG_SIGNATURE)
+    [axes] = figure.axes
+    assert [t.get_text() for t in axes.get_yticklabels()] == ["grad/a", "grad/b", "grad/c", "bcast/w"]
+    assert axes.get_title() == "tfring timeline: 3 ranks, 4 tensors, 0.1 to 2.1 ms"
+    legend = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert {"negotiate", "communicate", "rank 0 ready", "rank 2 ready"} <= set(legend)
+    # The summary plot is titled with the file's name, not its directory.
+    summary = tool.plot(tool.summarize(tool.load(timeline_file)), str(tmp_path / "s.png"))
+    assert summary._suptitle.get_text() == "tfring timeline summary timeline.json"
+
+
+def test_plot_timeline_of_an_empty_window(tool, timeline_file, tmp_path):
+    pytest.importorskip("matplotlib")
+    figure = tool.plot_timeline(tool.load(timeline_file), str(tmp_path / "e.png"), window=(5, 6))
+    assert figure.axes[0].get_title() == "tfring timeline: 3 ranks, 0 tensors, 5.0 to 6.0 ms"
+
+
+@pytest.mark.parametrize("window", ["12", "5:2", "a:b", ":"])
+def test_main_refuses_a_bad_window(tool, timeline_file, window, capsys):
+    assert tool.main([timeline_file, "--plot-timeline", "x.png", "--window", window]) == 2
+    err = capsys.readouterr().err
+    assert f"--window {window!r}: expected START:END in milliseconds" in err
+
+
+def test_cli_draws_the_timeline_for_a_window(timeline_file, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "window.png"
+    result = run_cli(timeline_file, "--plot-timeline", str(out), "--window", "0:0.5")
+    assert result.returncode == 0, result.stderr
+    assert f"timeline plot written to {out}" in result.stderr
+    assert out.read_bytes().startswith(PNG_SIGNATURE)

@@ -6,12 +6,16 @@ A trace viewer shows *when* things happened; this tool answers *where the time
 went*, which is the question one usually has when scaling is poor:
 
     python -m tfring.timeline FILE [--plot out.png] [--top N] [--json]
+    python -m tfring.timeline FILE --plot-timeline out.png [--window START:END]
 
 For each op kind (allreduce, allgather, ...) it splits the time into waiting
 for the other ranks to submit the tensor, negotiation, queueing behind earlier
 batches, copies into/out of the fusion buffer, the communication itself and the
 framework callbacks. It reports how well tensors were fused into batches, and
 lists the slowest tensors with the rank that kept the others waiting.
+`--plot-timeline` draws the file itself, as a trace viewer would: time across,
+a row per tensor, each rank's readiness, the negotiation and the op's phases
+(`--window` picks the milliseconds to show, for a picture of a few steps).
 
 This file only needs the standard library (matplotlib for --plot), and never
 imports TensorFlow or the native core: where tfring is not installed (a laptop
@@ -23,6 +27,7 @@ package, and with it TensorFlow).
 import argparse
 import bisect
 import json
+import os
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -587,7 +592,8 @@ def import_matplotlib():
 
 
 def plot(summary, out_path):
-    """Draw the summary to a PNG at `out_path` (needs matplotlib; uses the Agg backend).
+    """Draw the summary to a PNG at `out_path` (needs matplotlib; uses the Agg
+    backend); returns the matplotlib Figure.
 
     Top panel: one stacked bar per op kind splitting its time into the phases.
     Bottom panel: the slowest tensors; the bar is the total time, its colored
@@ -602,9 +608,11 @@ def plot(summary, out_path):
         "height_ratios": [max(len(ops), 1) + 1, max(len(slowest), 1) + 1]})
     draw_phase_bars(top_axes, ops)
     draw_slowest(bottom_axes, slowest)
-    figure.suptitle(f"tfring timeline {summary['source'].get('path') or ''}".strip())
+    # The file's name, not its directory (a /tmp path says nothing to the reader).
+    name = os.path.basename(summary["source"].get("path") or "")
+    figure.suptitle(f"tfring timeline summary {name}".strip())
     figure.savefig(out_path, format="png", dpi=100)
-    return out_path
+    return figure
 
 
 def draw_phase_bars(axes, ops):
@@ -646,6 +654,129 @@ def draw_slowest(axes, slowest):
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
 
 
+def timeline_layout(events, window=None):
+    """What --plot-timeline draws, in milliseconds since recording started.
+
+    Returns {"window": (start, end), "size": ranks or None, "rows": [...]},
+    one row per tensor that has something inside the window, in the file's
+    row order, each {"name", "negotiations": [(start, end)], "ready": [(ms,
+    rank)], "ops": [(start, end, op, error or None)], "phases": [(start, end,
+    phase)]}. `window` is (start_ms, end_ms) or None for the whole file.
+    """
+    rows, _ = rows_of(events)
+    items = {}
+    for pid, row in sorted(rows.items(), key=lambda item: item[0]):
+        items[pid] = {
+            "name": row.name,
+            "negotiations": [(o.negotiate.get("ts", 0) / 1000, o.end / 1000)
+                             for o in row.occurrences],
+            "ready": [(m.get("ts", 0) / 1000, args_of(m).get("rank")) for m in row.ready_marks],
+            "ops": [(s.get("ts", 0) / 1000, span_end(s) / 1000, s.get("name"),
+                     args_of(s).get("error")) for s in row.op_spans],
+            "phases": [(s.get("ts", 0) / 1000, span_end(s) / 1000, s.get("name"))
+                       for s in row.phase_spans],
+        }
+    times = [t for row in items.values() for key in ("negotiations", "ready", "ops", "phases")
+             for item in row[key] for t in item[:1 if key == "ready" else 2]]
+    if window is None:
+        window = (min(times, default=0.0), max(times, default=0.0))
+    start, end = window
+
+    def inside(item, key):
+        first, last = (item[0], item[0]) if key == "ready" else (item[0], item[1])
+        return last >= start and first <= end
+
+    shown = []
+    for row in items.values():
+        kept = {key: [i for i in row[key] if inside(i, key)]
+                for key in ("negotiations", "ready", "ops", "phases")}
+        if any(kept.values()):
+            shown.append({"name": row["name"], **kept})
+    size = getattr(events, "other_data", {}).get("size")
+    return {"window": (start, end), "size": size, "rows": shown}
+
+
+# Phase colors follow the summary's columns; the negotiation is drawn thin
+# above the op, and each rank's ready mark in a color of its own.
+NEGOTIATION_COLOR = "tab:orange"
+OP_COLOR = "whitesmoke"
+
+
+def plot_timeline(events, out_path, window=None):
+    """Draw the timeline itself to a PNG at `out_path`: time across, one row
+    per tensor (as chrome://tracing or Perfetto show the file), with each
+    rank's ready mark, the negotiation span and the op's phases (needs
+    matplotlib); returns the matplotlib Figure."""
+    Figure, FigureCanvasAgg = import_matplotlib()
+    layout = timeline_layout(events, window)
+    rows = layout["rows"]
+    figure = Figure(figsize=(12, 1.6 + 0.42 * max(len(rows), 1)), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    ranks = sorted({rank for row in rows for _, rank in row["ready"] if rank is not None})
+    palette = ["tab:green", "tab:red", "tab:cyan", "tab:pink", "tab:brown", "black",
+               "tab:olive", "tab:purple"]
+    rank_colors = {rank: palette[i % len(palette)] for i, rank in enumerate(ranks)}
+    labelled = set()
+
+    def label(key):  # each legend entry once
+        if key in labelled:
+            return None
+        labelled.add(key)
+        return key
+
+    for y, row in enumerate(rows):
+        for start, end in row["negotiations"]:
+            axes.barh(y - 0.3, end - start, left=start, height=0.16, color=NEGOTIATION_COLOR,
+                      label=label("negotiate"))
+        for start, end, op, error in row["ops"]:
+            axes.barh(y + 0.05, end - start, left=start, height=0.55, color=OP_COLOR,
+                      edgecolor="tab:red" if error else "gray", linewidth=0.6,
+                      label=label("op span"))
+        for start, end, phase in row["phases"]:
+            column = PHASE_COLUMN.get(phase)
+            if column is None:
+                continue
+            axes.barh(y + 0.05, end - start, left=start, height=0.45,
+                      color=COLUMN_COLORS[column], label=label(phase))
+        for ts, rank in row["ready"]:
+            # Each rank's marks at a height of their own, so that ranks
+            # ready at the same moment stay visible.
+            lane = ranks.index(rank) / max(len(ranks) - 1, 1) if rank in ranks else 0
+            axes.plot([ts], [y - 0.42 + 0.2 * lane], marker="v", markersize=6,
+                      linestyle="none", color=rank_colors.get(rank, "black"),
+                      label=label(f"rank {rank} ready"))
+    axes.set_yticks(range(len(rows)), [shorten(row["name"], 48) for row in rows])
+    axes.set_ylim(len(rows) - 0.4, -0.7)
+    start, end = layout["window"]
+    if end > start:
+        axes.set_xlim(start, end)
+    axes.set_xlabel("ms since the timeline started (rank 0's clock)")
+    if not rows:
+        axes.text(0.5, 0.5, "no collective operations in this window", ha="center",
+                  va="center", transform=axes.transAxes)
+    ranks_text = f"{layout['size']} ranks, " if layout["size"] else ""
+    axes.set_title(f"tfring timeline: {ranks_text}{len(rows)} tensors, "
+                   f"{start:.1f} to {end:.1f} ms")
+    if labelled:
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    figure.savefig(out_path, format="png", dpi=100)
+    return figure
+
+
+def parse_window(text):
+    """'START:END' in milliseconds -> (start, end); raises ValueError."""
+    first, sep, last = text.partition(":")
+    try:
+        start, end = float(first), float(last)
+    except ValueError:
+        start = end = None
+    if not sep or start is None or not start < end:
+        raise ValueError(f"--window {text!r}: expected START:END in milliseconds since the "
+                         f"timeline started, START below END, e.g. --window 1200:1500")
+    return start, end
+
+
 def shorten(name, limit=40):
     return name if len(name) <= limit else "..." + name[-(limit - 3):]
 
@@ -661,6 +792,12 @@ def parse_args(argv):
                     "time of the collectives went, fusion, and the slowest tensors.")
     parser.add_argument("file", help="the timeline JSON written by rank 0")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the summary to a PNG (needs matplotlib)")
+    parser.add_argument("--plot-timeline", metavar="OUT.png",
+                        help="also draw the timeline itself to a PNG: time across, a row per "
+                             "tensor, each rank's readiness and the op's phases (needs matplotlib)")
+    parser.add_argument("--window", metavar="START:END",
+                        help="with --plot-timeline, the milliseconds (since the timeline "
+                             "started) to draw; default: the whole file")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N",
                         help=f"how many slowest tensors to list (default {DEFAULT_TOP})")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -669,6 +806,11 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        window = parse_window(args.window) if args.window is not None else None
+    except ValueError as e:
+        print(f"tfring.timeline: error: {e}", file=sys.stderr)
+        return 2
     try:
         events = load(args.file)
     except OSError as e:
@@ -689,6 +831,13 @@ def main(argv=None):
             print(f"tfring.timeline: error: {e}", file=sys.stderr)
             return 1
         print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.plot_timeline:
+        try:
+            plot_timeline(events, args.plot_timeline, window)
+        except ImportError as e:
+            print(f"tfring.timeline: error: {e}", file=sys.stderr)
+            return 1
+        print(f"timeline plot written to {args.plot_timeline}", file=sys.stderr)
     return 0
 
 

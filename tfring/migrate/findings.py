@@ -1,7 +1,8 @@
 # What the porting tool cannot port, with file:line and the suggested path.
 #
 # Why a separate pass: these uses need a person (elastic training, Spark,
-# Ray, TF1 sessions, estimators); rewriting them blindly would produce a
+# Ray, TF1 sessions, estimators, PyTorch Lightning's Horovod strategy);
+# rewriting them blindly would produce a
 # script that runs but does something else. The visitor only reads the tree
 # and reports; the rewrites leave these lines alone.
 
@@ -31,14 +32,14 @@ def dotted_name(node):
     return None
 
 
-_BINDING_PARTS = ("tensorflow", "keras")
+_BINDING_PARTS = ("tensorflow", "keras", "torch")
 
 
 def unsupported_feature(path):
     """The tfring.unsupported feature a Horovod module path reaches for
     (horovod.spark.keras -> spark, horovod.tensorflow.data.compute_service
-    -> data, horovod.tensorflow.keras.elastic -> elastic), else None. The
-    in-process launcher `run` is not one: horovod_imports ports it."""
+    -> data, horovod.torch.elastic -> elastic), else None. The in-process
+    launcher `run` is not one: horovod_imports ports it."""
     parts = path.split(".")
     if parts[0] != "horovod":
         return None
@@ -80,6 +81,33 @@ _TF1_ADVICE = ("TF2 runs eagerly: call the model directly (or inside a "
                "tf.function), train with model.fit or a tf.GradientTape loop "
                "and tfring.DistributedGradientTape, and broadcast with "
                "tfring.broadcast_variables(model.variables, root_rank=0)")
+# unsupported.FEATURES speaks Keras and tf.data; for Horovod's PyTorch
+# parts (horovod.torch.elastic, horovod.spark.torch, horovod.spark.lightning)
+# the classes and the replacements are others.
+_TORCH_SAMPLER = ("torch.utils.data.distributed.DistributedSampler(dataset, "
+                  "num_replicas=hvd.size(), rank=hvd.rank())")
+_TORCH_FEATURES = {
+    "elastic": (
+        "elastic training (hvd.elastic.run, TorchState, ElasticSampler)",
+        "tfring runs a fixed set of ranks. Drop the @hvd.elastic.run "
+        "decorator and hvd.elastic.TorchState, shard the data with "
+        f"{_TORCH_SAMPLER} instead of ElasticSampler, call the training "
+        "function directly, save checkpoints on rank 0 (torch.save of the "
+        "model's and optimizer's state_dict) and restart the job from the "
+        "last one when a host fails"),
+    "spark": (
+        "Spark integration (TorchEstimator, LightningEstimator)",
+        "read the data in every rank with a torch DataLoader over a "
+        f"{_TORCH_SAMPLER}, train with tfring.torch.DistributedOptimizer and "
+        "launch the script with `tfringrun -np N python train.py` (or "
+        "mpirun) on the hosts instead"),
+}
+_LIGHTNING_ADVICE = (
+    "PyTorch Lightning 2.x has no Horovod strategy, and tfring does not "
+    "plug into Lightning: train with Lightning's own strategy=\"ddp\", or "
+    "write the loop in plain PyTorch with tfring.torch.DistributedOptimizer "
+    "and launch it with `tfringrun -np N python train.py`")
+_LIGHTNING_KEYWORDS = ("accelerator", "strategy", "distributed_backend")
 _ESTIMATOR_ADVICE = ("tf.estimator is gone from TensorFlow 2.16+: move the "
                      "model_fn into a keras.Model and train with model.fit "
                      "and tfring.keras.DistributedOptimizer")
@@ -88,9 +116,10 @@ _ESTIMATOR_ADVICE = ("tf.estimator is gone from TensorFlow 2.16+: move the "
 class FindingsCollector(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (metadata.PositionProvider,)
 
-    def __init__(self, horovod_aliases):
+    def __init__(self, horovod_aliases, torch_script):
         super().__init__()
-        self.horovod_aliases = set(horovod_aliases)
+        self.horovod_aliases = dict(horovod_aliases)  # name -> Horovod path
+        self.torch_script = torch_script
         self.findings = []
         self._seen = set()
 
@@ -101,19 +130,26 @@ class FindingsCollector(cst.CSTVisitor):
             self._seen.add((line, suggestion))
             self.findings.append(Finding(line, what, suggestion))
 
+    def _report_feature(self, node, feature, path, horovod_path):
+        offered, instead = unsupported.FEATURES[feature]
+        if feature in _TORCH_FEATURES and (self.torch_script
+                                           or _is_torch_path(horovod_path)):
+            offered, instead = _TORCH_FEATURES[feature]
+        self._add(node, f"uses Horovod's {offered} ({path})",
+                  f"tfring does not provide it: {instead}")
+
     def _check_module_path(self, node, path):
         parts = path.split(".")
         if parts[0] != "horovod" or len(parts) < 2:
             return
         feature = unsupported_feature(path)
         if feature is not None:
-            offered, instead = unsupported.FEATURES[feature]
-            self._add(node, f"uses Horovod's {offered} ({path})",
-                      f"tfring does not provide it: {instead}")
-        elif parts[1] not in ("tensorflow", "keras", "run"):
+            self._report_feature(node, feature, path, path)
+        elif parts[1] not in ("tensorflow", "keras", "torch", "run"):
             self._add(node, f"uses {path}",
                       "tfring ports horovod.tensorflow, "
-                      "horovod.tensorflow.keras and horovod.keras only")
+                      "horovod.tensorflow.keras, horovod.keras and "
+                      "horovod.torch only")
 
     def visit_Import(self, node):
         for alias in node.names:
@@ -123,19 +159,32 @@ class FindingsCollector(cst.CSTVisitor):
         if node.module is not None and not node.relative:
             path = dotted_name(node.module) or ""
             self._check_module_path(node, path)
+            if not isinstance(node.names, cst.ImportStar):
+                for alias in node.names:  # from horovod.torch import elastic
+                    self._check_module_path(node, f"{path}.{alias.name.value}")
             if path.split(".")[:2] == ["tensorflow", "estimator"]:
                 self._add(node, "imports tf.estimator", _ESTIMATOR_ADVICE)
+
+    def visit_Call(self, node):
+        # Trainer(accelerator="horovod") / strategy="horovod" (Lightning)
+        for arg in node.args:
+            if (arg.keyword is not None and arg.keyword.value in _LIGHTNING_KEYWORDS
+                    and m.matches(arg.value, m.SimpleString())
+                    and arg.value.evaluated_value == "horovod"):
+                self._add(node, f"uses PyTorch Lightning's Horovod strategy "
+                          f"({arg.keyword.value}='horovod')", _LIGHTNING_ADVICE)
 
     def visit_Attribute(self, node):
         path = dotted_name(node)
         if path is None:
             return
         parts = path.split(".")
-        if (parts[0] in self.horovod_aliases and len(parts) > 1
-                and parts[1] == "elastic"):
-            offered, instead = unsupported.FEATURES["elastic"]
-            self._add(node, f"uses Horovod's {offered} ({path})",
-                      f"tfring does not provide it: {instead}")
+        horovod_path = self.horovod_aliases.get(parts[0])
+        feature = (unsupported_feature(".".join([horovod_path] + parts[1:]))
+                   if horovod_path is not None and len(parts) > 1 else None)
+        if feature is not None:
+            self._report_feature(node, feature, path,
+                                 ".".join([horovod_path] + parts[1:]))
         elif parts[0] in ("tf", "tensorflow"):
             if "estimator" in parts[1:3]:
                 self._add(node, f"uses {path}", _ESTIMATOR_ADVICE)
@@ -144,8 +193,17 @@ class FindingsCollector(cst.CSTVisitor):
                           _TF1_ADVICE)
 
 
-def collect(module, horovod_aliases):
+def _is_torch_path(path):
+    return bool({"torch", "lightning"} & set(path.split(".")))
+
+
+def collect(module, horovod_aliases, frameworks):
+    """The Findings of a ported module. `horovod_aliases` and `frameworks`
+    are those of the script before porting (names.py): in a PyTorch script
+    (or one using Horovod's PyTorch parts) the advice is PyTorch's."""
+    torch_script = (frameworks == {"torch"} or any(
+        map(_is_torch_path, horovod_aliases.values())))
     wrapper = metadata.MetadataWrapper(module, unsafe_skip_copy=True)
-    collector = FindingsCollector(horovod_aliases)
+    collector = FindingsCollector(horovod_aliases, torch_script)
     wrapper.visit(collector)
     return sorted(collector.findings, key=lambda f: f.line)

@@ -1,11 +1,13 @@
 # Horovod imports -> tfring imports, and the module paths that use them.
 #
 # horovod.tensorflow -> tfring; horovod.tensorflow.keras and horovod.keras
-# -> tfring.keras (their callbacks under tfring.keras.callbacks). A plain
+# -> tfring.keras (their callbacks under tfring.keras.callbacks);
+# horovod.torch -> tfring.torch (whose submodules keep horovod.torch's
+# names: mpi_ops, functions, optimizer, compression, ...). A plain
 # `import horovod` is only there for horovod.run(fn, np=N), the in-process
 # launcher: tfring is launched from outside (tfringrun -np N), so the call
 # becomes fn(*args, **kwargs) and the import goes. Imports of Horovod parts
-# tfring does not have (spark, ray, torch, horovod.tensorflow.data, ...) are
+# tfring does not have (spark, ray, mxnet, elastic, horovod.tensorflow.data) are
 # left as they are and reported by findings.py.
 
 from tfring.migrate._libcst import cst, m
@@ -16,6 +18,7 @@ MODULE_MAP = (
     ("horovod.tensorflow.keras", "tfring.keras"),
     ("horovod.keras", "tfring.keras"),
     ("horovod.tensorflow", "tfring"),
+    ("horovod.torch", "tfring.torch"),
 )
 
 
@@ -38,16 +41,20 @@ def _name_node(path):
 
 
 def horovod_aliases(module):
-    """Names bound to Horovod modules by the script's imports (hvd, ...)."""
-    aliases = set()
+    """Names bound to Horovod by the script's imports, with what each is:
+    {"hvd": "horovod.torch"} for `import horovod.torch as hvd`,
+    {"horovod": "horovod"} for `import horovod.torch`."""
+    aliases = {}
 
     class Finder(cst.CSTVisitor):
         def visit_Import(self, node):
             for alias in node.names:
                 path = dotted_name(alias.name) or ""
                 if path.split(".")[0] == "horovod":
-                    aliases.add(alias.asname.name.value if alias.asname
-                                else path.split(".")[0])
+                    if alias.asname:
+                        aliases[alias.asname.name.value] = path
+                    else:
+                        aliases["horovod"] = "horovod"
 
         def visit_ImportFrom(self, node):
             path = dotted_name(node.module) if node.module else ""
@@ -55,7 +62,7 @@ def horovod_aliases(module):
                     node.names, cst.ImportStar):
                 for alias in node.names:
                     name = alias.asname.name if alias.asname else alias.name
-                    aliases.add(name.value)
+                    aliases[name.value] = f"{path}.{alias.name.value}"
 
     module.visit(Finder())
     return aliases
@@ -68,6 +75,37 @@ class HorovodImports(cst.CSTTransformer):
     def __init__(self):
         super().__init__()
         self.plain_horovod_import = False
+        # The blank lines and comments above a removed `import horovod` line
+        # go to the next statement of the same block (depth = how many
+        # indented blocks enclose it).
+        self._depth = 0
+        self._orphaned_lines = None  # (depth, [EmptyLine])
+
+    def visit_IndentedBlock(self, node):
+        self._depth += 1
+
+    def leave_IndentedBlock(self, original, updated):
+        if self._orphaned_lines and self._orphaned_lines[0] == self._depth:
+            self._orphaned_lines = None  # the removed line ended the block
+        self._depth -= 1
+        return updated
+
+    def on_leave(self, original, updated):
+        result = super().on_leave(original, updated)
+        if not isinstance(original, (cst.SimpleStatementLine,
+                                     cst.BaseCompoundStatement)):
+            return result
+        if isinstance(result, cst.SimpleStatementLine) and not result.body:
+            # Its only statement was `import horovod`.
+            kept = self._orphaned_lines[1] if self._orphaned_lines else []
+            self._orphaned_lines = (self._depth, kept + list(original.leading_lines))
+            return cst.RemovalSentinel.REMOVE
+        if (self._orphaned_lines and self._orphaned_lines[0] == self._depth
+                and isinstance(result, cst.CSTNode)):
+            result = result.with_changes(leading_lines=[
+                *self._orphaned_lines[1], *result.leading_lines])
+            self._orphaned_lines = None
+        return result
 
     def leave_Import(self, original, updated):
         names = []
@@ -100,6 +138,13 @@ class HorovodImports(cst.CSTTransformer):
                 return cst.Import(names=[cst.ImportAlias(
                     name=_name_node(ported), asname=asname)])
             return updated.with_changes(names=kept)
+        # leave_Attribute has ported the module path already.
+        original_path = dotted_name(original.module) or ""
+        if not isinstance(updated.names, cst.ImportStar) and any(
+                unsupported_feature(f"{original_path}.{a.name.value}")
+                for a in updated.names):
+            # `from horovod.torch import elastic`: left for findings.py
+            return updated.with_changes(module=original.module)
         ported = port_module_path(path)
         if ported is None:
             return updated

@@ -3,20 +3,37 @@
 #   model.compile(..., experimental_run_tf_function=False)  -> argument gone
 #   opt.variables() / model.variables()                      -> .variables
 #   keras.optimizers.SGD(lr=0.1)                             -> learning_rate=
+#     (only where the name is imported from Keras or tf.keras: torch.optim's
+#     optimizers take lr=, and other names are left alone)
 #   keras.preprocessing.image.ImageDataGenerator -> tf.keras.preprocessing.
 #     image.ImageDataGenerator (Keras 3 keeps it only in the tf.keras
 #     namespace, as a legacy class that still feeds model.fit); the same
 #     for `from keras.preprocessing import image` (then image.ImageDataGenerator)
 # The fit / evaluate / predict calls are training_calls.py's.
 
-from tfring.migrate._libcst import cst, m
+from tfring.migrate._libcst import cst, m, metadata
 from tfring.migrate.findings import dotted_name
+from tfring.migrate.names import imported_names
 
 REMOVED_COMPILE_ARGUMENTS = ("experimental_run_tf_function",)
-OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adadelta", "Adagrad",
-              "Adamax", "Nadam", "Ftrl", "Lion", "Adafactor")
+# Where Keras 2 and 3 keep their optimizer classes, as imported.
+KERAS_OPTIMIZER_MODULES = ("keras.optimizers", "tensorflow.keras.optimizers",
+                           "tensorflow.optimizers", "tf_keras.optimizers")
 IMAGE_MODULES = ("keras.preprocessing.image", "tensorflow.keras.preprocessing.image")
 PREPROCESSING_PACKAGES = ("keras.preprocessing", "tensorflow.keras.preprocessing")
+
+
+def is_keras_optimizer(name):
+    """Whether an imported dotted name is a Keras optimizer class
+    (tensorflow.keras.optimizers.SGD, keras.optimizers.legacy.Adam,
+    tensorflow.compat.v1.keras.optimizers.RMSprop, ...)."""
+    module, _, cls = name.rpartition(".")
+    for compat in ("tensorflow.compat.v1.", "tensorflow.compat.v2."):
+        if module.startswith(compat):
+            module = "tensorflow." + module[len(compat):]
+    for variant in (".legacy", ".experimental"):
+        module = module.removesuffix(variant)
+    return module in KERAS_OPTIMIZER_MODULES and cls[:1].isupper()
 
 
 def _drop_trailing_comma(args):
@@ -26,6 +43,7 @@ def _drop_trailing_comma(args):
 
 
 class Keras3(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (metadata.QualifiedNameProvider,)
 
     def __init__(self):
         super().__init__()
@@ -41,8 +59,7 @@ class Keras3(cst.CSTTransformer):
         if (m.matches(func, m.Attribute(attr=m.Name("variables")))
                 and not updated.args):
             return func
-        name = dotted_name(func) or ""
-        if name.split(".")[-1] in OPTIMIZERS:
+        if any(map(is_keras_optimizer, imported_names(self, original.func))):
             args = [a.with_changes(keyword=cst.Name("learning_rate"))
                     if a.keyword and a.keyword.value == "lr" else a
                     for a in updated.args]
