@@ -148,7 +148,7 @@ void TimelineNamesItsSetting() {
                                                  "' is a symbolic link"),
               status.message());
   EXPECT_TRUE(ReadAll(target) == "mine\n", "the link's target changed");
-  const std::string path = ScratchPath("timeline.json");
+  const std::string path = ScratchPath("new_timeline.json");
   status = timeline.Start(path, false, 2, "tfring.start_timeline()");
   EXPECT_TRUE(status.ok(), status.message());
   timeline.Stop();
