@@ -19,9 +19,11 @@ namespace tfring {
 
 // TFRING_HIERARCHICAL_ALLREDUCE=auto.
 constexpr int64_t kHierarchicalAuto = 2;
-// The largest TFRING_SHM_BYTES: only two chunks of at most 512 KiB of a slot
-// are ever used.
-constexpr int64_t kLargestShmBytes = int64_t{1} << 30;
+// The largest TFRING_SHM_BYTES (1 TiB): only two chunks of at most 512 KiB of
+// a slot are ever used, so this only keeps the segment's size arithmetic far
+// from overflow; a slot bigger than /dev/shm fails at creation and the ranks
+// fall back to MPI.
+constexpr int64_t kLargestShmBytes = int64_t{1} << 40;
 // The largest TFRING_CYCLE_TIME, in milliseconds (also the autotuner's start).
 constexpr double kLargestCycleTimeMs = 60000.0;
 

@@ -119,7 +119,7 @@ def test_settings_that_crashed_keep_their_defaults():
         assert report["data_path"] == "shared_memory", report
         assert report["sum"] == 200000.0, report
     assert ("TFRING_SHM_BYTES=9223372036854775807 is above the largest value it takes, "
-            "1073741824; using the default") in result.output, result.describe()
+            "1099511627776; using the default") in result.output, result.describe()
     assert ("TFRING_SHM_TIMEOUT_SECONDS=nan is not a finite non-negative number"
             in result.output), result.describe()
     assert "on this rank but" not in result.output, result.describe()

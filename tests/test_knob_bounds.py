@@ -48,5 +48,5 @@ def test_the_largest_value_passes_and_the_next_is_refused(knob, capsys):
 def test_a_huge_shm_slot_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(["-np", "2", "--shm-bytes", "9223372036854775807", "p"])
-    assert ("expected at most 1073741824 bytes, the largest value TFRING_SHM_BYTES takes"
+    assert ("expected at most 1099511627776 bytes, the largest value TFRING_SHM_BYTES takes"
             in capsys.readouterr().err)

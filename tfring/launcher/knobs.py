@@ -123,7 +123,7 @@ KNOB_FLAGS = (
              const="0"),
     KnobFlag(("--shm-bytes",), "TFRING_SHM_BYTES",
              "bytes of each rank's shared-memory slot",
-             BYTES, maximum=2 ** 30),
+             BYTES, maximum=2 ** 40),
     KnobFlag(("--shm-timeout-seconds",), "TFRING_SHM_TIMEOUT_SECONDS",
              "seconds to wait for a live peer in a shared-memory operation",
              SECONDS, maximum=10 ** 6),
