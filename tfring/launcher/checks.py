@@ -312,22 +312,27 @@ def job_findings(result, timeout, launcher_text, mpirun):
     findings.append(Finding(
         "shared memory", "yes (2 ranks on one host)" if rank0["shm"]
         else f"no: {_shm_reason(rank0, result)}; the ranks use MPI"))
+    findings.append(_allreduce_finding(
+        "2-rank allreduce", by_rank, result, "Sum allreduces",
+        "tfring or the MPI library"))
+    return findings
+
+
+def _allreduce_finding(label, by_rank, result, what, culprit):
+    """The finding of a check job's two Sum allreduces (float32, int32):
+    ok with the sums, or the first rank whose sums are wrong."""
     floats, ints = launch_probes.expected_sums(2)
     wrong = [r for r in by_rank
              if r["float_sum"] != floats or r["int_sum"] != ints]
     if wrong:
         r = wrong[0]
-        findings.append(Finding("2-rank allreduce", "wrong result", problem=(
+        return Finding(label, "wrong result", problem=(
             f"rank {r['rank']} got float32 {r['float_sum']} and int32 "
-            f"{r['int_sum']} from Sum allreduces. Expected {floats} and "
-            f"{ints}. This is a bug in tfring or the MPI library; report it "
-            f"with the output of --check-build --verbose.")))
-    else:
-        findings.append(Finding(
-            "2-rank allreduce", f"ok: Sum gave float32 {floats} and int32 "
-                                f"{ints} on both ranks "
-                                f"({result.seconds:.1f} s)"))
-    return findings
+            f"{r['int_sum']} from {what}. Expected {floats} and {ints}. "
+            f"This is a bug in {culprit}; report it with the output of "
+            f"--check-build --verbose."))
+    return Finding(label, f"ok: Sum gave float32 {floats} and int32 {ints} "
+                          f"on both ranks ({result.seconds:.1f} s)")
 
 
 def torch_job_findings(result, timeout):
@@ -355,21 +360,9 @@ def torch_job_findings(result, timeout):
     by_rank = sorted(reports, key=lambda r: r["rank"])
     findings = [Finding("PyTorch", f"{by_rank[0]['torch']}; tfring.torch "
                                    f"imports")]
-    floats, ints = launch_probes.expected_sums(2)
-    wrong = [r for r in by_rank
-             if r["float_sum"] != floats or r["int_sum"] != ints]
-    if wrong:
-        r = wrong[0]
-        findings.append(Finding("torch allreduce", "wrong result", problem=(
-            f"rank {r['rank']} got float32 {r['float_sum']} and int32 "
-            f"{r['int_sum']} from tfring.torch Sum allreduces. Expected "
-            f"{floats} and {ints}. This is a bug in tfring; report it with "
-            f"the output of --check-build --verbose.")))
-    else:
-        findings.append(Finding(
-            "torch allreduce", f"ok: Sum gave float32 {floats} and int32 "
-                               f"{ints} on both ranks "
-                               f"({result.seconds:.1f} s)"))
+    findings.append(_allreduce_finding(
+        "torch allreduce", by_rank, result, "tfring.torch Sum allreduces",
+        "tfring"))
     return findings
 
 
