@@ -8,9 +8,11 @@
 # output the core writes is waited for until no MXNet operation reads or
 # writes it (MXNDArrayWaitToWrite); the collective then completes before the
 # call returns to MXNet code, so MXNet never reads an output the core is
-# still writing. Measured against pushing the collective into MXNet's engine
-# (MXEnginePushAsync with read/write dependencies): equally fast (see
-# docs/mxnet.md), and far simpler to get right.
+# still writing. The alternative, pushing the collective into MXNet's engine
+# (MXEnginePushAsync with read/write dependencies), would let Python return
+# before the data is ready, but calls back into Python on an engine thread;
+# a training step waits for its gradients before the update anyway, and the
+# trainer submits them all before waiting for any (trainer.py).
 
 import ctypes
 
