@@ -40,3 +40,13 @@ class CollectiveNames:
                 " Expected a str identical on every rank, or None for an "
                 "automatic name. Pass a string.")
         return f"{kind}.{name}"
+
+    def object_call(self, api_name, name, process_set):
+        """The base name of an object collective (broadcast_object,
+        allgather_object): `name` as given, an unnamed call numbered in call
+        order like the unnamed collectives (Horovod names it after the
+        object's type, which differs between ranks when only the root passes
+        the object, and then hangs)."""
+        if name is None:
+            return self.name(api_name, None, api_name, process_set)
+        return name

@@ -4,17 +4,13 @@
 # Why shared: broadcast_object and allgather_object differ between front
 # ends only in the tensor type that carries the bytes.
 
-import io
-
 import cloudpickle
 import numpy as np
 
 
 def to_bytes(obj):
-    """`obj` pickled, as a 1-D uint8 numpy array."""
-    buffer = io.BytesIO()
-    cloudpickle.dump(obj, buffer)
-    return np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+    """`obj` pickled, as a 1-D writable uint8 numpy array."""
+    return np.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=np.uint8)
 
 
 def from_bytes(data):

@@ -17,6 +17,7 @@ from tfring import basics
 from tfring.common import objects as _objects
 from tfring.mxnet import collectives as _c
 from tfring.mxnet import ndarrays as _nd
+from tfring.process_sets import global_process_set
 
 
 def _broadcast_after_init(parameter, root_rank, name):
@@ -63,35 +64,32 @@ def broadcast_parameters(params, root_rank=0, prefix=None):
     _c.broadcast_many_(arrays, root_rank, names, api_name)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
-    """root_rank's `obj` (anything cloudpickle can serialize) on every rank."""
-    api_name = "broadcast_object"
-    basics._check_initialized(api_name)
-    # Unnamed: numbered in call order, not named after the object's type
-    # (Horovod's default), which only root_rank's object has.
-    name = _c.names.name("broadcast_object", name, api_name, None)
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's `obj` (anything cloudpickle can serialize) on every rank of
+    the set. The other ranks' `obj` is not used (pass None there)."""
+    basics._check_initialized("broadcast_object")
+    name = _c.names.object_call("broadcast_object", name, process_set)
     if basics.rank() == root_rank:
-        data = _nd.from_numpy(_objects.to_bytes(obj))
-        length = _nd.from_numpy(np.array([data.size], dtype=np.int64))
+        payload = _nd.from_numpy(_objects.to_bytes(obj))
+        length = _nd.from_numpy(np.array([payload.size], dtype=np.int64))
     else:
-        data = None
         length = _nd.from_numpy(np.zeros(1, dtype=np.int64))
-    _c.broadcast_(length, root_rank, name=f"{name}.length")
-    if data is None:
-        data = mx.nd.zeros((int(length.asnumpy()[0]),), ctx=mx.cpu(), dtype=np.uint8)
-    _c.broadcast_(data, root_rank, name=f"{name}.bytes")
+    _c.broadcast_(length, root_rank, name=f"{name}.sz", process_set=process_set)
+    if basics.rank() != root_rank:
+        payload = mx.nd.zeros((int(length.asnumpy()[0]),), ctx=mx.cpu(), dtype=np.uint8)
+    _c.broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
     if basics.rank() == root_rank:
         return obj
-    return _objects.from_bytes(data.asnumpy())
+    return _objects.from_bytes(payload.asnumpy())
 
 
-def allgather_object(obj, name=None):
-    """The list of every rank's `obj`, in rank order."""
-    api_name = "allgather_object"
-    basics._check_initialized(api_name)
-    name = _c.names.name("allgather_object", name, api_name, None)
-    data = _objects.to_bytes(obj)
-    sizes = _c.allgather(_nd.from_numpy(np.array([data.size], dtype=np.int64)),
-                         name=f"{name}.length").asnumpy()
-    gathered = _c.allgather(_nd.from_numpy(data), name=f"{name}.bytes").asnumpy()
-    return _objects.split_gathered(sizes, gathered)
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """The list of every set rank's `obj`, in rank order."""
+    basics._check_initialized("allgather_object")
+    name = _c.names.object_call("allgather_object", name, process_set)
+    payload = _objects.to_bytes(obj)
+    lengths = _c.allgather(_nd.from_numpy(np.array([payload.size], dtype=np.int64)),
+                           name=f"{name}.sz", process_set=process_set).asnumpy()
+    gathered = _c.allgather(_nd.from_numpy(payload), name=f"{name}.t",
+                            process_set=process_set).asnumpy()
+    return _objects.split_gathered(lengths, gathered)
