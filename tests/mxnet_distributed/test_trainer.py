@@ -93,3 +93,46 @@ def test_trainer_unwraps_a_distributed_optimizer():
     with pytest.warns(UserWarning, match="average the gradients a second time"):
         hvd.DistributedTrainer(net.collect_params(),
                                hvd.DistributedOptimizer(mx.optimizer.SGD()))
+
+
+def test_two_trainers_with_prefixes(size, rank):
+    """Two DistributedTrainers in one program, told apart by their prefixes
+    (Horovod's test_two_trainer): every rank ends with the same weights."""
+    nets = [mx.gluon.nn.Dense(units, in_units=10) for units in (20, 30)]
+    trainers = []
+    for i, net in enumerate(nets):
+        mx.random.seed(rank)
+        net.initialize(mx.init.Uniform())
+        hvd.broadcast_parameters(net.collect_params(), prefix=f"two{i}.")
+        trainers.append(hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                               {"learning_rate": 0.1}, prefix=f"two{i}."))
+    for step in range(3):
+        data = mx.nd.ones((5, 10)) * (rank + step)
+        with mx.autograd.record():
+            losses = [net(data).sum() for net in nets]
+        mx.autograd.backward(losses)
+        for trainer in trainers:
+            trainer.step(1.0)
+    for net in nets:
+        gathered = hvd.allgather(net.weight.data().expand_dims(0)).asnumpy()
+        for r in range(size):
+            np.testing.assert_allclose(gathered[r], gathered[0], rtol=1e-6)
+
+
+def test_distributed_optimizer_on_a_process_set(size, rank):
+    """DistributedOptimizer(process_set=even ranks): the even ranks average
+    among themselves, the others update with their own gradient."""
+    if size < 2:
+        pytest.skip("a process set other than the job's needs two ranks")
+    even = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    try:
+        optimizer = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0),
+                                             process_set=even)
+        weight = mx.nd.zeros((4,))
+        grad = mx.nd.ones((4,)) * (rank + 1)
+        optimizer.update(0, weight, grad, optimizer.create_state(0, weight))
+        evens = [r + 1 for r in range(size) if r % 2 == 0]
+        expected = -np.mean(evens) if rank % 2 == 0 else -(rank + 1.0)
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=1e-6)
+    finally:
+        hvd.remove_process_set(even)
