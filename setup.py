@@ -48,13 +48,17 @@ except ImportError:  # setuptools < 59
     from distutils.errors import DistutilsSetupError as SetupError
 
 ROOT = Path(__file__).resolve().parent
-OBJ_DIR = ROOT / "build" / "obj"
 
 # Every environment variable the build reads.
 ENV_MPICXX = "TFRING_MPICXX"  # MPI compiler wrapper to take flags from (system MPI)
 ENV_CXX = "TFRING_CXX"  # C++ compiler; default g++
 ENV_JOBS = "TFRING_BUILD_JOBS"  # parallel compiles; default os.cpu_count()
 ENV_VERBOSE = "TFRING_BUILD_VERBOSE"  # 1: print every command line
+ENV_BUILD_DIR = "TFRING_BUILD_DIR"  # object files; default build/obj (one per environment)
+# A second environment building the same tree (the MXNet one, whose Python
+# headers and MPI differ) keeps its objects apart, so the two never rebuild
+# each other's.
+OBJ_DIR = ROOT / os.environ.get(ENV_BUILD_DIR, os.path.join("build", "obj"))
 
 CXXFLAGS = ["-std=c++17", "-O2", "-g0", "-fPIC", "-fvisibility=hidden", "-Wall"]
 # What tfringrun preloads (Linux): library name -> its one source file.
@@ -187,8 +191,16 @@ print("TFRING-PROBE " + json.dumps({
 """
 
 
+NO_TF_NOTE = (
+    "TensorFlow is not importable by {python}: building the core and its Python "
+    "module only (tfring.torch, tfring.mxnet and the tools work; the TensorFlow "
+    "front end, `import tfring as hvd`, needs a build in an environment with "
+    "TensorFlow: pip install tensorflow, then pip install --no-build-isolation .)")
+
+
 def tf_config():
-    """Version and build flags of the TensorFlow importable by this Python.
+    """Version and build flags of the TensorFlow importable by this Python;
+    None when none is installed (then only the core and the module build).
 
     Importing TensorFlow takes seconds, so the answer is cached in build/obj,
     keyed by the location and timestamp of tensorflow/__init__.py (a reinstall
@@ -198,9 +210,7 @@ def tf_config():
     import importlib.util
     spec = importlib.util.find_spec("tensorflow")
     if spec is None or not spec.origin:
-        raise SetupError(
-            f"cannot build tfring: TensorFlow is not importable by the Python running "
-            f"this build ({sys.executable}).\n" + TF_HELP + ISOLATION_HINT)
+        return None
     key = {"python": sys.executable, "origin": spec.origin,
            "mtime": os.stat(spec.origin).st_mtime_ns}
     cache = OBJ_DIR / "tensorflow.json"
@@ -475,12 +485,14 @@ class build_ext(_setuptools_build_ext):
         mpicxx = find_mpicxx()
         mpi_cflags, mpi_lflags, mpi_libdirs = mpi_config(mpicxx)
         tf = tf_config()
+        if tf is None:
+            log(NO_TF_NOTE.format(python=sys.executable) + ISOLATION_HINT)
         rpath_link = [f"-Wl,-rpath-link,{d}" for d in mpi_libdirs]
 
         core_sources = sources("cc/**/*.cc")
         module_source = "tfring/binding/core_module.cc"
         have_module = (ROOT / module_source).is_file()
-        kernel_sources = sources("tfring/ops/kernels/*.cc")
+        kernel_sources = sources("tfring/ops/kernels/*.cc") if tf is not None else []
         preload_jobs = {name: CompileJob(source, common)
                         for name, source in PRELOADS.items()
                         if (ROOT / source).is_file() and sys.platform.startswith("linux")}
@@ -498,17 +510,18 @@ class build_ext(_setuptools_build_ext):
         else:
             log(f"skipping the Python module: {module_source} does not exist")
         tf_cflags = []
-        for flag in tf["compile"]:
+        for flag in (tf["compile"] if tf is not None else []):
             tf_cflags.append("-isystem" + flag[2:] if flag.startswith("-I") else flag)
         # The XLA kernels include tf2xla/XLA headers, which include two
         # third-party libraries TensorFlow ships under include/external/ but
         # does not put on its own include path.
         xla_cflags = ["-isystem" + os.path.join(tf["include"], "external", d)
-                      for d in ("highwayhash", os.path.join("farmhash_archive", "src"))]
+                      for d in ("highwayhash", os.path.join("farmhash_archive", "src"))
+                      ] if tf is not None else []
         kernel_jobs = [CompileJob(s, [*common, *tf_cflags, *(
             xla_cflags if s.startswith("tfring/ops/kernels/xla_") else [])], slow=True)
                        for s in kernel_sources]
-        if not kernel_sources:
+        if not kernel_sources and tf is not None:
             log("skipping the op library: no tfring/ops/kernels/*.cc")
 
         compiled = compile_all(
@@ -573,7 +586,7 @@ class build_ext(_setuptools_build_ext):
             install_file(src, dst)
         write_if_changed(dest_root / "tfring" / "_build_info.py", (
             '"""Written by setup.py when the native libraries were built. Do not edit."""\n'
-            f"TF_VERSION = {tf['version']!r}\n"
+            f"TF_VERSION = {(tf or {}).get('version')!r}\n"
             f"MPI_COMPILER = {mpicxx!r}\n"
             "NCCL_BUILT = False\n"
             f"SOURCE_DIR = {str(ROOT)!r}\n"))

@@ -150,3 +150,22 @@ def test_torch_modern_example_trains_and_resumes_at_two_ranks(tmp_path):
     assert len(lines) == 1, second.describe()
     # Chance is 0.1; 4 epochs reach 0.87-0.89 (seed 0 at 2 and 3 ranks).
     assert 0.75 < float(lines[0].split(":")[1]) <= 1.0, second.describe()
+
+
+def test_mxnet_gluon_example_at_two_ranks(tmp_path, monkeypatch):
+    # tfring.mxnet's example, with the MXNet environment's Python.
+    import mxnet_env
+    if not mxnet_env.available():
+        pytest.skip(mxnet_env.MISSING_REASON)
+    overlay = mxnet_env.make_overlay(tmp_path)
+    env = mxnet_env.rank_env(overlay, monkeypatch)
+    argv = [str(mxnet_env.PYTHON), str(REPO / "mxnet_examples" / "gluon_blobs.py"),
+            "--epochs", "3"]
+    result = mpi_launch.launch(argv, 2, TIMEOUT_SECONDS, env=env, cwd=str(overlay))
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    lines = [line for line in result.output.splitlines()
+             if line.startswith("Final validation accuracy:")]
+    assert len(lines) == 1, result.describe()  # rank 0 only
+    # Chance is 0.1; the clusters are well apart.
+    assert 0.8 < float(lines[0].split(":")[1]) <= 1.0, result.describe()
+    assert "Trained 3 epochs on 2 ranks" in result.output, result.describe()

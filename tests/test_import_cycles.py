@@ -84,3 +84,71 @@ def test_no_import_cycles():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The front ends over the buffer binding run in processes that must not load
+# TensorFlow (importing parts of torch after it crashes some torch releases;
+# the MXNet environment has none): neither they nor any tfring module they
+# reach imports it, at the top of a file or inside a function.
+FRAMEWORK_FREE = ("tfring.torch", "tfring.mxnet", "tfring.common")
+TENSORFLOW = ("tensorflow", "keras", "tf_keras")
+# Imports of TensorFlow inside a function, on a path the buffer front ends
+# never take (module -> why).
+GUARDED = {
+    "tfring.process_sets": "resolve() raises TensorFlow's error only for TensorFlow's "
+                           "collectives; the buffer front ends pass allow_outside=True",
+}
+
+
+def _external_imports(path):
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _reached_from(starts, graph):
+    seen, todo = set(), list(starts)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph.get(name, ()))
+    return seen
+
+
+def test_buffer_front_ends_never_import_tensorflow():
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {"tfring"} for name, path in modules.items()}
+    starts = [name for name in modules if name.startswith(FRAMEWORK_FREE)]
+    assert any(n.startswith("tfring.mxnet") for n in starts), starts
+    offenders = {name: sorted(_external_imports(modules[name]) & set(TENSORFLOW))
+                 for name in _reached_from(starts, graph)}
+    offenders = {name: found for name, found in offenders.items()
+                 if found and name not in GUARDED}
+    assert not offenders, (
+        "modules that tfring.torch, tfring.mxnet or tfring.common reach import "
+        f"TensorFlow: {offenders}")
+
+
+def test_torch_collectives_leave_tensorflow_unloaded():
+    """At run time too: init, a collective and shutdown load no TensorFlow."""
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("torch") is None:
+        import pytest
+        pytest.skip("torch is not installed")
+    code = ("import sys, torch, tfring.torch as hvd\n"
+            "hvd.init()\n"
+            "assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [1.0, 1.0]\n"
+            "hvd.shutdown()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'keras')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("[]"), result.stdout

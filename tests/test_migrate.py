@@ -40,6 +40,9 @@ def test_horovod_imports(before, after):
 
 @pytest.mark.parametrize("before,after", [
     ("import horovod.torch as hvd\n", "import tfring.torch as hvd\n"),
+    ("import horovod.mxnet as hvd\n", "import tfring.mxnet as hvd\n"),
+    ("from horovod.mxnet.mpi_ops import allreduce_\n",
+     "from tfring.mxnet.mpi_ops import allreduce_\n"),
     ("from horovod import torch as hvd\n", "import tfring.torch as hvd\n"),
     ("from horovod.torch import DistributedOptimizer, broadcast_parameters\n",
      "from tfring.torch import DistributedOptimizer, broadcast_parameters\n"),
@@ -174,7 +177,8 @@ def test_a_pytorch_script_gets_no_keras_rewrites():
      1, "uses Horovod's elastic training", "restart the job"),
     ("from horovod.spark import torch as hvd_spark\n",
      1, "uses Horovod's Spark integration", "tfringrun -np N"),
-    ("import horovod.mxnet as hvd\n", 1, "uses horovod.mxnet", "horovod.torch only"),
+    ("import horovod.common.util as util\n", 1, "uses horovod.common",
+     "horovod.torch and horovod.mxnet only"),
     ("from pytorch_lightning import Trainer\ntrainer = Trainer(accelerator='horovod', gpus=0)\n",
      2, "uses PyTorch Lightning's Horovod strategy", "strategy=\"ddp\""),
     ("import lightning as L\ntrainer = L.Trainer(strategy=\"horovod\")\n",

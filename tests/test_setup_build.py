@@ -160,3 +160,24 @@ def test_compile_error_names_the_file(project):
     output = proc.stdout + proc.stderr
     assert "FAILED cc/other.cc" in output
     assert "failed to compile cc/other.cc" in output
+
+
+def test_without_tensorflow_only_the_core_and_module_build(project, tmp_path):
+    # The MXNet environment has no TensorFlow (MXNet 1.9.1 needs NumPy <
+    # 1.24): there setup.py builds the core and its module, says why the op
+    # library is missing, and keeps its objects where TFRING_BUILD_DIR says.
+    import mxnet_env
+    if not mxnet_env.available():
+        pytest.skip(mxnet_env.MISSING_REASON)
+    (project / "tfring" / "ops" / "kernels").mkdir(parents=True)
+    (project / "tfring" / "ops" / "kernels" / "op.cc").write_text("#error never compiled\n")
+    env = dict(os.environ, TFRING_BUILD_DIR="build/obj-other")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(mxnet_env.PYTHON), "setup.py", "build_ext", "--inplace"],
+                          cwd=project, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "TensorFlow is not importable" in proc.stdout, proc.stdout
+    assert (project / "tfring" / "libtfring_core.so").is_file()
+    assert not (project / "tfring" / "ops" / "libtfring_ops.so").exists()
+    assert (project / "build" / "obj-other" / "cc" / "core.cc.o").is_file()
+    assert "TF_VERSION = None" in (project / "tfring" / "_build_info.py").read_text()

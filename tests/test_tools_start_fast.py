@@ -81,11 +81,21 @@ def test_unknown_names_are_attribute_errors():
 def test_every_public_name_survives_its_submodules_import():
     # Importing a submodule binds it as an attribute of the package; one
     # named like a function of the API (tfring/join.py once) would hide it.
+    # A front end of a framework this environment lacks (tfring.mxnet in
+    # the main environment: MXNet needs NumPy < 1.24) cannot be imported
+    # here: it and its submodules are skipped, and tests/test_mxnet_import.py
+    # checks the ImportError it raises instead.
     code = textwrap.dedent("""
-        import importlib, pkgutil, types
+        import importlib, importlib.util, pkgutil, types
         import tfring
+        OPTIONAL = {"tfring.mxnet": "mxnet", "tfring.torch": "torch"}
+        missing = tuple(package for package, framework in OPTIONAL.items()
+                        if importlib.util.find_spec(framework) is None)
         for info in pkgutil.walk_packages(tfring.__path__, "tfring."):
             last = info.name.rpartition(".")[2]
+            if info.name in missing or info.name.startswith(
+                    tuple(m + "." for m in missing)):
+                continue
             if not (info.name.startswith(("tfring.migrate", "tfring.launcher"))
                     or last.startswith("lib")):  # the native libraries
                 importlib.import_module(info.name)

@@ -145,11 +145,11 @@ class FindingsCollector(cst.CSTVisitor):
         feature = unsupported_feature(path)
         if feature is not None:
             self._report_feature(node, feature, path, path)
-        elif parts[1] not in ("tensorflow", "keras", "torch", "run"):
+        elif parts[1] not in ("tensorflow", "keras", "torch", "mxnet", "run"):
             self._add(node, f"uses {path}",
                       "tfring ports horovod.tensorflow, "
-                      "horovod.tensorflow.keras, horovod.keras and "
-                      "horovod.torch only")
+                      "horovod.tensorflow.keras, horovod.keras, "
+                      "horovod.torch and horovod.mxnet only")
 
     def visit_Import(self, node):
         for alias in node.names:

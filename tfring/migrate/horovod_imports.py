@@ -3,11 +3,12 @@
 # horovod.tensorflow -> tfring; horovod.tensorflow.keras and horovod.keras
 # -> tfring.keras (their callbacks under tfring.keras.callbacks);
 # horovod.torch -> tfring.torch (whose submodules keep horovod.torch's
-# names: mpi_ops, functions, optimizer, compression, ...). A plain
+# names: mpi_ops, functions, optimizer, compression, ...); horovod.mxnet ->
+# tfring.mxnet (mpi_ops, compression, functions likewise). A plain
 # `import horovod` is only there for horovod.run(fn, np=N), the in-process
 # launcher: tfring is launched from outside (tfringrun -np N), so the call
 # becomes fn(*args, **kwargs) and the import goes. Imports of Horovod parts
-# tfring does not have (spark, ray, mxnet, elastic, horovod.tensorflow.data) are
+# tfring does not have (spark, ray, elastic, horovod.tensorflow.data) are
 # left as they are and reported by findings.py.
 
 from tfring.migrate._libcst import cst, m
@@ -19,6 +20,7 @@ MODULE_MAP = (
     ("horovod.keras", "tfring.keras"),
     ("horovod.tensorflow", "tfring"),
     ("horovod.torch", "tfring.torch"),
+    ("horovod.mxnet", "tfring.mxnet"),
 )
 
 

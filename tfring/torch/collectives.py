@@ -10,16 +10,8 @@
 # (dtype, device, layout, process set, root rank) fails here, before C++;
 # what ranks disagree about fails in synchronize() on every rank involved.
 #
-# Names: as in Horovod, an explicit name becomes "<collective>.<name>";
-# unnamed calls are numbered in call order ("allreduce.noname.<n>"), which
-# matches across ranks that make the same calls in the same order. Each
-# kind of call counts its own, per process set ("allreduce.noname.set<id>.
-# <n>"), so that calls some ranks do not make (a set they are not in, an
-# allgather refused while a rank has joined) do not shift the numbers of
-# the others.
+# Names: as in Horovod (tfring.common.naming, shared with tfring.mxnet).
 
-import collections
-import itertools
 import numbers
 
 import torch
@@ -30,6 +22,8 @@ from tfring import reduce_args as _reduce_args
 from tfring import errors as _errors
 from tfring import list_lengths as _lengths
 from tfring import process_sets as _process_sets
+from tfring.common import outcome as _outcome
+from tfring.common.naming import CollectiveNames
 from tfring.process_sets import global_process_set
 from tfring.reduce_args import (  # noqa: F401  (horovod.torch's op names)
     Adasum,
@@ -42,33 +36,17 @@ from tfring.reduce_args import (  # noqa: F401  (horovod.torch's op names)
 from tfring.torch import dtypes as _dtypes
 from tfring.torch import handles as _handles
 from tfring.torch import in_flight as _in_flight
-from tfring.torch.errors import HorovodInternalError
 
 _CollectiveType = _core.CollectiveType
 
-_counters = {"names": collections.defaultdict(itertools.count),
-             "group": itertools.count(1)}
+_names = CollectiveNames()
+_tensor_name = _names.name
 
 
 def reset_names():
     """Restarts the numbering of unnamed collectives (at init(), as Horovod
     does, so every rank counts from the same point)."""
-    _counters["names"].clear()
-
-
-def _tensor_name(kind, name, api_name, process_set):
-    if name is None:
-        set_id = getattr(process_set, "process_set_id", None) or 0
-        number = next(_counters["names"][(set_id, kind)])
-        if set_id:
-            return f"{kind}.noname.set{set_id}.{number}"
-        return f"{kind}.noname.{number}"
-    if not isinstance(name, str):
-        raise TypeError(
-            f"{api_name} received name={name!r} of type {type(name).__name__}."
-            " Expected a str identical on every rank, or None for an "
-            "automatic name. Pass a string.")
-    return f"{kind}.{name}"
+    _names.reset()
 
 
 def _grouped_names(kind, name, count, api_name, process_set,
@@ -188,12 +166,9 @@ def _check_tensor_list(tensors, api_name):
 
 def _enqueue(collective_type, name, tensor, dtype, **fields):
     """One tensor to the core; the PendingCollective."""
-    try:
-        return _core.enqueue(collective_type, name, dtype,
-                             memory_order_shape(tensor), tensor.data_ptr(),
-                             **fields)
-    except RuntimeError as e:
-        raise HorovodInternalError(str(e)) from None
+    return _outcome.enqueue(collective_type, name, dtype,
+                            memory_order_shape(tensor), tensor.data_ptr(),
+                            **fields)
 
 
 def _submit(collective_type, names, inputs, dtypes, outputs, finish,
@@ -203,7 +178,7 @@ def _submit(collective_type, names, inputs, dtypes, outputs, finish,
     _in_flight.prune_orphans()
     group = {}
     if len(inputs) > 1:
-        group = {"group_key": next(_counters["group"]),
+        group = {"group_key": _names.next_group_key(),
                  "group_size": len(inputs)}
     pending, written = [], []
     for i, (name, tensor, dtype) in enumerate(zip(names, inputs, dtypes)):

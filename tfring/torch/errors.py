@@ -1,28 +1,8 @@
-# Exceptions of tfring.torch, with horovod.torch's names.
-#
-# Why a module of its own: a collective that the core fails (ranks that
-# disagree about a tensor, a shutdown, a dead peer) reaches PyTorch code in
-# synchronize(), where Horovod raises HorovodInternalError (a RuntimeError).
-# Scripts that catch it keep working; the message is the core's, which names
-# the tensor, the field and the ranks.
+# horovod.torch's exception names; they live in tfring.common.errors, shared
+# with tfring.mxnet, so that one `except` clause catches either front end's.
 
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed in the core (the message says why and where).
-
-    Raised by synchronize() (and the synchronous collectives) on every rank
-    the failure concerns; later collectives still work unless the job was
-    aborted (a rank died or shut down).
-    """
-
-
-class InvalidArgumentError(HorovodInternalError, ValueError):
-    """A collective's arguments were invalid on at least one rank (e.g.
-    alltoall splits that do not add up), found when the ranks compared them:
-    raised on every rank of the collective, none of which ran it. Also a
-    ValueError, the type Horovod raises for these arguments."""
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic-training interrupt. tfring has no elastic mode and
-    never raises it; defined so that `except` clauses naming it still work."""
+from tfring.common.errors import (  # noqa: F401
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    InvalidArgumentError,
+)

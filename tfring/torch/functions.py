@@ -6,12 +6,10 @@
 # broadcast_async_ (all submitted, then waited for, so the core fuses them);
 # objects are pickled into byte tensors (cloudpickle, as Horovod does).
 
-import io
-
-import cloudpickle
 import torch
 
 from tfring import basics
+from tfring.common import objects as _objects
 from tfring.process_sets import global_process_set
 from tfring.torch import collectives as _c
 from tfring.torch.autograd_functions import allgather
@@ -111,23 +109,13 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
                     state[key] = values[name]
 
 
-def _object_call_name(api_name, name, process_set):
-    """An unnamed call is numbered in call order, like the unnamed
-    collectives (Horovod names it after the object's type, which differs
-    between ranks when only the root passes the object, and then hangs)."""
-    if name is None:
-        return _c._tensor_name(api_name, None, api_name, process_set)
-    return name
-
-
 def broadcast_object(obj, root_rank=0, name=None,
                      process_set=global_process_set):
     """Returns root_rank's `obj` (any picklable object) on every rank of the
     set. The other ranks' `obj` is not used (pass None there)."""
-    name = _object_call_name("broadcast_object", name, process_set)
+    name = _c._names.object_call("broadcast_object", name, process_set)
     if basics.rank() == root_rank:
-        payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)),
-                                   dtype=torch.uint8)
+        payload = torch.from_numpy(_objects.to_bytes(obj))
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
@@ -139,20 +127,14 @@ def broadcast_object(obj, root_rank=0, name=None,
                   process_set=process_set)
     if basics.rank() == root_rank:
         return obj
-    return cloudpickle.loads(payload.numpy().tobytes())
+    return _objects.from_bytes(payload.numpy())
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every set rank's `obj`, in rank order."""
-    name = _object_call_name("allgather_object", name, process_set)
-    payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)),
-                               dtype=torch.uint8)
+    name = _c._names.object_call("allgather_object", name, process_set)
+    payload = torch.from_numpy(_objects.to_bytes(obj))
     lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
                         name=f"{name}.sz", process_set=process_set)
     gathered = allgather(payload, name=f"{name}.t", process_set=process_set)
-    objects, start = [], 0
-    for length in lengths.tolist():
-        chunk = gathered[start:start + length].numpy().tobytes()
-        objects.append(cloudpickle.loads(chunk))
-        start += length
-    return objects
+    return _objects.split_gathered(lengths.tolist(), gathered.numpy())

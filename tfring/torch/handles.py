@@ -12,8 +12,9 @@
 import torch
 
 from tfring import _core
+from tfring.common import outcome as _outcome
 from tfring.torch import in_flight as _in_flight
-from tfring.torch.errors import HorovodInternalError, InvalidArgumentError
+from tfring.torch.errors import HorovodInternalError
 
 
 class Handle:
@@ -38,21 +39,20 @@ class Handle:
         """Blocks until every tensor's collective completed; returns the
         result, or raises HorovodInternalError with the first failure."""
         flight = self._flight
-        failure = None
-        for pending in flight.pending:
-            code, message = pending.wait()
-            if code != _core.StatusCode.OK and failure is None:
-                failure = (code, message)
+        try:
+            _outcome.wait_all(flight.pending)
+        except HorovodInternalError:
+            self._waited(flight)  # every part completed, some failed
+            raise
+        self._waited(flight)
+        _check_still_written(self._written, flight.names)
+        return self._finish(flight.pending)
+
+    def _waited(self, flight):
+        """The core has completed every part: the memory is free."""
         self._synchronized = True
         self._flight = None
         flight.release()
-        if failure is not None:
-            code, message = failure
-            if code == _core.StatusCode.InvalidArgument:
-                raise InvalidArgumentError(message)
-            raise HorovodInternalError(message)
-        _check_still_written(self._written, flight.names)
-        return self._finish(flight.pending)
 
     def __del__(self):
         # Dropped unsynchronized: keep the memory until the core is done.
