@@ -94,6 +94,13 @@ TFRING_EXPORT Status Shutdown();
 
 TFRING_EXPORT bool IsInitialized();
 
+// Whether the core stopped because a peer died or the transport failed (not
+// by a shutdown): pending and later collectives fail, and the job can go on
+// only over a new communicator (elastic training shuts down and initializes
+// again over the survivors). Stays true after Shutdown until the next
+// successful InitializeMpi.
+TFRING_EXPORT bool StoppedByFailure();
+
 // Valid only while initialised.
 TFRING_EXPORT Topology GetTopology();
 

@@ -329,9 +329,10 @@ void BackgroundLoop::Run() {
   // No longer running from here on: an init() that follows the cancellation
   // errors below (which the user may see at once) must start a new loop, not
   // find this one still "running".
-  running_ = false;
+  // (The reason is stored first: whoever sees running() false may ask it.)
   exit_status_ = stop_reason;
   stopped_by_failure_ = stopped_by_failure;
+  running_ = false;
   global_transport->StopWatchingRoundCalls();
   if (registry_ != nullptr) registry_->Stop(stop_reason);
   std::vector<TensorEntry> cancelled = queue_->Close(stop_reason);

@@ -64,7 +64,8 @@ class BackgroundLoop {
   Status Join();
   bool running() const { return running_.load(); }
   // Whether a failure stopped the loop (a peer died or stopped taking part,
-  // the transport failed), rather than a shutdown. Valid after Join.
+  // the transport failed), rather than a shutdown. Valid after Join, or once
+  // running() is false.
   bool stopped_by_failure() const { return stopped_by_failure_; }
   // The global set's controller. Valid after Join (it belongs to the
   // background thread).

@@ -354,6 +354,13 @@ bool IsInitialized() {
   return state.loop != nullptr;
 }
 
+bool StoppedByFailure() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (!state.failure.ok()) return true;
+  return state.loop != nullptr && !state.loop->running() && state.loop->stopped_by_failure();
+}
+
 Topology GetTopology() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);

@@ -148,6 +148,8 @@ PYBIND11_MODULE(_core, m) {
       },
       "Closes the timeline file.");
   m.def("is_initialized", &tfring::IsInitialized);
+  m.def("stopped_by_failure", &tfring::StoppedByFailure,
+        "Whether a dead peer or a transport failure stopped the core (not a shutdown).");
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
   m.def("shm_enabled", &tfring::SharedMemoryEnabled);
   m.def(

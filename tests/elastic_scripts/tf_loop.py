@@ -1,0 +1,69 @@
+"""A custom TensorFlow training loop under tfring.elastic.run, for
+tests/test_elastic.py.
+
+Usage: tf_loop.py SCENARIO STEPS COMMIT_EVERY KILL_RANK KILL_STEP
+SCENARIO: none, mid_step (KILL_RANK dies with SIGKILL before its
+allreduce at step KILL_STEP) or mid_commit (it dies inside commit(), after
+saving, at the commit that ends step KILL_STEP).
+
+The gradient is the same on every rank, so the average is the same at any
+number of ranks: the final weights must equal the plain recurrence in the
+test, whatever the failures (no lost or repeated step after the rollback),
+provided Average divides by the number of ranks at the time it runs.
+"""
+import json
+import os
+import signal
+import sys
+
+import tensorflow as tf
+
+import tfring
+import tfring.elastic as elastic
+
+scenario = sys.argv[1]
+steps, commit_every, kill_rank, kill_step = map(int, sys.argv[2:6])
+
+tfring.init()
+original_rank = tfring.rank()
+weights = tf.Variable([1.0, -2.0, 0.5], dtype=tf.float64)
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CommitDyingState(elastic.TensorFlowState):
+    def commit(self):
+        self.save()
+        if (scenario == "mid_commit" and original_rank == kill_rank
+                and self.step == kill_step):
+            die()
+        self.check_host_updates()
+
+
+state = CommitDyingState([weights], step=0)
+
+
+@tf.function
+def train_step(step):
+    gradient = 0.01 * weights + 0.001 * tf.cast(step, tf.float64)
+    weights.assign_sub(tfring.allreduce(gradient, op=tfring.Average))
+
+
+@elastic.run
+def train(state):
+    while state.step < steps:
+        if (scenario == "mid_step" and original_rank == kill_rank
+                and state.step == kill_step):
+            die()
+        train_step(tf.constant(state.step, tf.int64))
+        state.step += 1
+        if state.step % commit_every == 0:
+            state.commit()
+
+
+train(state)
+print("RESULT " + json.dumps({
+    "original_rank": original_rank, "rank": tfring.rank(),
+    "size": tfring.size(), "weights": weights.numpy().tolist()}), flush=True)

@@ -1,0 +1,97 @@
+# tfringrun's elastic options: Horovod's `--min-np/--max-np/--reset-limit`,
+# and what they change in the mpirun command.
+#
+# Why a module of its own: elastic jobs run Open MPI in its fault-tolerant
+# mode (`--with-ft ulfm`: a rank that dies becomes an error on the
+# survivors' communicators and PRRTE keeps the job running), move data over
+# MPI only (tfring's shared-memory path assumes a fixed set of processes on
+# the host), leave MPI's finalisation to PMIx (tfring/elastic/membership.py),
+# and tell every rank its limits through TFRING_ELASTIC_* variables
+# (tfring/elastic/settings.py).
+
+from tfring.elastic import settings as elastic_settings
+
+FAULT_TOLERANT_RUNTIME = ["--with-ft", "ulfm"]
+
+
+def add_arguments(parser):
+    group = parser.add_argument_group(
+        "elastic training",
+        "ranks that die are dropped and training goes on over the survivors "
+        "from the last state.commit() (see docs/elastic.md)")
+    group.add_argument(
+        "--min-np", "--min-num-proc", dest="min_np", type=int, default=None,
+        help="end the job when fewer ranks than this remain (turns on "
+             "elastic mode; default: -np)")
+    group.add_argument(
+        "--max-np", "--max-num-proc", dest="max_np", type=int, default=None,
+        help="the most ranks the job may have (turns on elastic mode)")
+    group.add_argument(
+        "--reset-limit", type=int, default=None,
+        help="end the job after more resets than this (default: no limit)")
+    group.add_argument(
+        "--elastic-timeout", type=float, default=None, metavar="SECONDS",
+        help="accepted for Horovod compatibility: a job below --min-np ends "
+             "at once, as no rank can join it")
+    group.add_argument(
+        "--host-discovery-script", default=None,
+        help="not available: tfring's elastic jobs keep the hosts they start "
+             "on (see docs/elastic.md)")
+    group.add_argument(
+        "--blacklist-cooldown-range", type=float, nargs=2, default=None,
+        metavar=("LO", "HI"),
+        help="not available (needs --host-discovery-script)")
+    group.add_argument(
+        "--slots", "--slots-per-host", dest="slots", type=int, default=None,
+        help="not available (needs --host-discovery-script)")
+
+
+def enabled(args):
+    return any(getattr(args, name, None) is not None for name in
+               ("min_np", "max_np", "reset_limit", "elastic_timeout"))
+
+
+def check(args):
+    """The problem with the elastic options in `args`, or None."""
+    for name in ("host_discovery_script", "blacklist_cooldown_range", "slots"):
+        if getattr(args, name, None) is not None:
+            option = "--" + name.replace("_", "-")
+            return (f"{option} is not available: tfring's elastic jobs keep "
+                    "the hosts they start on and go on over the survivors "
+                    "when ranks die; they do not add hosts. Expected a fixed "
+                    "host list (-H/--hostfile) with --min-np. Remove "
+                    f"{option}.")
+    if not enabled(args):
+        return None
+    np = args.num_proc
+    min_np = args.min_np if args.min_np is not None else np
+    max_np = args.max_np if args.max_np is not None else np
+    if np is not None and not (1 <= min_np <= np <= max_np):
+        return (f"--min-np {min_np}, -np {np} and --max-np {max_np} are out "
+                "of order. Expected 1 <= --min-np <= -np <= --max-np. Fix the "
+                "numbers.")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        return (f"--reset-limit {args.reset_limit} is negative. Expected 0 "
+                "(no limit) or more. Fix the number.")
+    return None
+
+
+def environment(args):
+    """-x options that tell every rank it runs elastic, and its limits."""
+    np = args.num_proc
+    values = {
+        elastic_settings.ELASTIC: "1",
+        elastic_settings.MIN_NP: args.min_np if args.min_np is not None else np,
+        elastic_settings.MAX_NP: args.max_np if args.max_np is not None else np,
+        elastic_settings.RESET_LIMIT: args.reset_limit or 0,
+        # Shared memory assumes every rank of the host stays (elastic:
+        # MPI only), and MPI_Finalize would wait for dead ranks.
+        "TFRING_SHM": "0",
+        "MPI4PY_RC_FINALIZE": "0",
+    }
+    if args.elastic_timeout is not None:
+        values[elastic_settings.TIMEOUT] = args.elastic_timeout
+    options = []
+    for name, value in values.items():
+        options += ["-x", f"{name}={value}"]
+    return options
