@@ -90,10 +90,10 @@ class State:
 
 
 def _updates_expected():
-    # Host changes come only from a discovery script; without one, commit()
-    # stays local and costs no communication.
-    from tfring.elastic import discovery
-    return discovery.enabled()
+    # Host changes would come from a discovery script, which tfring's
+    # elastic jobs do not have (docs/elastic.md): commit() stays local and
+    # costs no communication.
+    return False
 
 
 class ObjectState(State):

@@ -178,11 +178,9 @@ def parse_args(argv):
         else:
             args.host_entries = []
         launch_knobs.settings(args)
+        launch_elastic.check(args)
     except ValueError as e:
         parser.error(str(e))
-    problem = launch_elastic.check(args)
-    if problem:
-        parser.error(problem)
     if args.check_hosts and not args.host_entries:
         parser.error("--check-hosts needs the hosts to check; expected "
                      "-H host1:2,host2:2 or --hostfile FILE")

@@ -52,28 +52,29 @@ def enabled(args):
 
 
 def check(args):
-    """The problem with the elastic options in `args`, or None."""
+    """Raises ValueError naming the problem with the elastic options."""
     for name in ("host_discovery_script", "blacklist_cooldown_range", "slots"):
         if getattr(args, name, None) is not None:
             option = "--" + name.replace("_", "-")
-            return (f"{option} is not available: tfring's elastic jobs keep "
-                    "the hosts they start on and go on over the survivors "
-                    "when ranks die; they do not add hosts. Expected a fixed "
-                    "host list (-H/--hostfile) with --min-np. Remove "
-                    f"{option}.")
+            raise ValueError(
+                f"{option} is not available: tfring's elastic jobs keep "
+                "the hosts they start on and go on over the survivors when "
+                "ranks die; they do not add hosts. Expected a fixed host "
+                f"list (-H/--hostfile) with --min-np. Remove {option}.")
     if not enabled(args):
-        return None
+        return
     np = args.num_proc
     min_np = args.min_np if args.min_np is not None else np
     max_np = args.max_np if args.max_np is not None else np
     if np is not None and not (1 <= min_np <= np <= max_np):
-        return (f"--min-np {min_np}, -np {np} and --max-np {max_np} are out "
-                "of order. Expected 1 <= --min-np <= -np <= --max-np. Fix the "
-                "numbers.")
+        raise ValueError(
+            f"--min-np {min_np}, -np {np} and --max-np {max_np} are out of "
+            "order. Expected 1 <= --min-np <= -np <= --max-np. Fix the "
+            "numbers.")
     if args.reset_limit is not None and args.reset_limit < 0:
-        return (f"--reset-limit {args.reset_limit} is negative. Expected 0 "
-                "(no limit) or more. Fix the number.")
-    return None
+        raise ValueError(
+            f"--reset-limit {args.reset_limit} is negative. Expected 0 "
+            "(no limit) or more. Fix the number.")
 
 
 def environment(args):
