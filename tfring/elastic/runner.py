@@ -25,6 +25,16 @@ def _is_failure(error):
             or _membership.is_process_failure(error))
 
 
+def _reason(error):
+    # A framework wraps the core's message ("Graph execution error: ...");
+    # the line that names tfring says why.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "tfring" in line:
+            return line
+    return lines[0] if lines else type(error).__name__
+
+
 def _check_limits(members, settings):
     size = members.comm.Get_size()
     if settings.reset_limit and members.resets > settings.reset_limit:
@@ -74,8 +84,8 @@ def run_fn(func, before_reset=None):
                 failed = True
                 agreed = False
                 print(f"tfring elastic: rank {members.comm.Get_rank()} saw a "
-                      f"failure, resetting: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                      file=sys.stderr, flush=True)
+                      f"failure, resetting: {_reason(e)}", file=sys.stderr,
+                      flush=True)
             if failed:
                 members.revoke()
                 state.restore()

@@ -55,12 +55,13 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Keeps `state.epoch` at the next epoch to run: pass
-    `initial_epoch=state.epoch` to model.fit so a restart resumes there."""
+    """Counts finished epochs in `state.epoch` (one more at each epoch's
+    end): call `model.fit(..., epochs=epochs - state.epoch)` so a restart
+    runs only the epochs left, as in Horovod's examples."""
 
     def __init__(self, state):
         super().__init__()
         self.state = state
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch = epoch + 1
+        self.state.epoch += 1
