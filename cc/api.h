@@ -101,6 +101,15 @@ TFRING_EXPORT bool IsInitialized();
 // successful InitializeMpi.
 TFRING_EXPORT bool StoppedByFailure();
 
+// Elastic training. After SetElasticMode(true) (also while running), a failure
+// that stops the core leaves rank 0's timeline open, ShutdownForReset stops
+// the core without closing it, and MarkTimeline adds an instant event (the
+// reset) to it; the job then goes on over a new communicator
+// (InitializeMpi again) in the same file. Shutdown closes it as before.
+TFRING_EXPORT void SetElasticMode(bool elastic);
+TFRING_EXPORT Status ShutdownForReset();
+TFRING_EXPORT void MarkTimeline(const std::string& name, const std::string& detail);
+
 // Valid only while initialised.
 TFRING_EXPORT Topology GetTopology();
 

@@ -20,13 +20,14 @@ JOB_TIMEOUT_S = 240
 STEPS, COMMIT_EVERY = 12, 3
 
 
-def _tfringrun(ranks, min_np, script_args):
+def _tfringrun(ranks, min_np, script_args, **extra_env):
     command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
                "--min-np", str(min_np), sys.executable, *script_args]
     env = working_tree_env(
         quiet_tensorflow=True, TF_NUM_INTRAOP_THREADS="1",
         TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
-        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        **extra_env)
     return launch_command(command, JOB_TIMEOUT_S, env=env, cwd=ROOT)
 
 
@@ -47,10 +48,11 @@ def _expected_weights(steps):
     ("mid_commit", 2, 6),   # dies inside commit(), after its own save
 ])
 def test_killed_rank_survivors_finish_from_the_last_commit(
-        scenario, kill_rank, kill_step):
+        scenario, kill_rank, kill_step, tmp_path):
+    timeline = tmp_path / "timeline.json"
     result = _tfringrun(3, 2, [TF_LOOP, scenario, str(STEPS),
                                str(COMMIT_EVERY), str(kill_rank),
-                               str(kill_step)])
+                               str(kill_step)], TFRING_TIMELINE=str(timeline))
     assert not result.timed_out, result.describe()
     assert result.returncode == 0, result.describe()
     results = _results(result.output)
@@ -66,6 +68,15 @@ def test_killed_rank_survivors_finish_from_the_last_commit(
     assert results[0]["weights"] == results[1]["weights"], result.describe()
     np.testing.assert_allclose(results[0]["weights"],
                                _expected_weights(STEPS), rtol=1e-12)
+    if kill_rank != 0:
+        # Rank 0 lived: its timeline goes on across the reset, marked, in
+        # one valid file.
+        with open(timeline) as f:
+            events = json.load(f)["traceEvents"]
+        [reset] = [e for e in events if e["name"] == "elastic reset"]
+        assert reset["args"]["detail"] == "reset 1: 3 ranks before, 2 after"
+        assert any(e.get("ts", 0) > reset["ts"] and e.get("ph") == "X"
+                   for e in events), events
 
 
 def test_below_min_np_ends_the_job_with_the_reason():

@@ -343,8 +343,11 @@ void BackgroundLoop::Run() {
   }
   for (TensorEntry& entry : cancelled) CompleteEntry(entry, stop_reason);
   // Whatever ended the job, the timeline is complete now: close it as valid
-  // JSON at once (the process may not get to run its exit handlers).
-  if (timeline_ != nullptr) timeline_->Stop();
+  // JSON at once (the process may not get to run its exit handlers). Elastic
+  // training goes on after a failure, and records its reset in the same file.
+  if (timeline_ != nullptr && !(stopped_by_failure && keep_timeline_on_failure_)) {
+    timeline_->Stop();
+  }
 }
 
 }  // namespace tfring

@@ -21,7 +21,10 @@ import glob
 import os
 import sys
 
+from tfring import _core
+from tfring import _running
 from tfring import basics
+from tfring import process_sets as _process_sets
 from tfring.elastic.errors import InternalError
 
 
@@ -55,6 +58,7 @@ def _finish_with_pmix():
     MPI = _mpi()
     if MPI.Is_finalized():
         return
+    _core.stop_timeline()  # valid JSON, also where the core was not running
     try:
         ctypes.CDLL(_pmix_library(), mode=ctypes.RTLD_GLOBAL).PMIx_Finalize(None, 0)
     except OSError as e:
@@ -86,6 +90,7 @@ class Membership:
         if self.comm is None:
             self.comm = MPI.COMM_WORLD
             self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        _core.set_elastic_mode(True)
         if not basics.is_initialized():
             basics.init(comm=self.comm)
 
@@ -113,7 +118,14 @@ class Membership:
         """Stops the core, shrinks the communicator to the live ranks and
         starts the core over it. Collective over the live ranks."""
         MPI = _mpi()
-        basics.shutdown()
+        old_size = self.comm.Get_size()
+        # basics.shutdown(), leaving the timeline open for the reset's mark.
+        if _core.is_initialized():
+            try:
+                _core.shutdown_for_reset()
+            finally:
+                _process_sets.on_shutdown()
+            _running.set_shut_down(True)
         survivors = self.comm.Shrink()
         survivors.Set_errhandler(MPI.ERRORS_RETURN)
         # The old communicator is left to MPI: freeing one that lost a
@@ -125,7 +137,12 @@ class Membership:
         except RuntimeError as e:
             raise InternalError(
                 f"tfring elastic: restarting over the {survivors.Get_size()} "
-                f"live ranks failed ({e}).") from e
+                f"live ranks failed ({e}). Expected every live rank to "
+                "start again; the run loop retries when another rank died "
+                "meanwhile. Read the reason in the parentheses.") from e
+        _core.mark_timeline(
+            "elastic reset", f"reset {self.resets}: {old_size} ranks before, "
+            f"{survivors.Get_size()} after")
 
 
 _membership = Membership()
