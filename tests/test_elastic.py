@@ -68,6 +68,10 @@ def test_killed_rank_survivors_finish_from_the_last_commit(
     assert results[0]["weights"] == results[1]["weights"], result.describe()
     np.testing.assert_allclose(results[0]["weights"],
                                _expected_weights(STEPS), rtol=1e-12)
+    steps_sum = sum(step + 1 for step in range(STEPS))
+    np.testing.assert_allclose(
+        results[0]["embedding"], [0.0, -0.01 * steps_sum, 0.0, -0.02 * steps_sum],
+        rtol=1e-12)
     if kill_rank != 0:
         # Rank 0 lived: its timeline goes on across the reset, marked, in
         # one valid file.

@@ -9,7 +9,8 @@ saving, at the commit that ends step KILL_STEP).
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
 test, whatever the failures (no lost or repeated step after the rollback),
-provided Average divides by the number of ranks at the time it runs.
+provided Average divides by the number of ranks at the time it runs (for
+dense tensors and IndexedSlices alike).
 """
 import json
 import os
@@ -27,6 +28,9 @@ steps, commit_every, kill_rank, kill_step = map(int, sys.argv[2:6])
 tfring.init()
 original_rank = tfring.rank()
 weights = tf.Variable([1.0, -2.0, 0.5], dtype=tf.float64)
+# Updated by an averaged IndexedSlices (gathered, then divided by the
+# number of ranks): the same at any number of ranks too.
+embedding = tf.Variable(tf.zeros([4], tf.float64))
 
 
 def die():
@@ -42,13 +46,23 @@ class CommitDyingState(elastic.TensorFlowState):
         self.check_host_updates()
 
 
-state = CommitDyingState([weights], step=0)
+state = CommitDyingState([weights, embedding], step=0)
+
+
+# An input of the function, not a constant in it: Grappler would fold a
+# collective of constants when it optimizes the function.
+ROWS = tf.constant([1, 3], tf.int64)
 
 
 @tf.function
-def train_step(step):
+def train_step(step, rows):
     gradient = 0.01 * weights + 0.001 * tf.cast(step, tf.float64)
     weights.assign_sub(tfring.allreduce(gradient, op=tfring.Average))
+    rows = tf.IndexedSlices(
+        tf.constant([1.0, 2.0], tf.float64) * 0.01 * tf.cast(step + 1, tf.float64),
+        rows, tf.constant([4], tf.int64))
+    averaged = tfring.allreduce(rows, op=tfring.Average)
+    embedding.scatter_sub(tf.IndexedSlices(averaged.values, averaged.indices))
 
 
 @elastic.run
@@ -57,7 +71,7 @@ def train(state):
         if (scenario == "mid_step" and original_rank == kill_rank
                 and state.step == kill_step):
             die()
-        train_step(tf.constant(state.step, tf.int64))
+        train_step(tf.constant(state.step, tf.int64), ROWS)
         state.step += 1
         if state.step % commit_every == 0:
             state.commit()
@@ -66,4 +80,5 @@ def train(state):
 train(state)
 print("RESULT " + json.dumps({
     "original_rank": original_rank, "rank": tfring.rank(),
-    "size": tfring.size(), "weights": weights.numpy().tolist()}), flush=True)
+    "size": tfring.size(), "weights": weights.numpy().tolist(),
+    "embedding": embedding.numpy().tolist()}), flush=True)
