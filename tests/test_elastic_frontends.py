@@ -48,6 +48,22 @@ def test_killed_rank_survivors_finish_every_epoch_with_the_same_weights(
     assert results[0]["weights"] == results[1]["weights"], results
 
 
+def test_without_the_elastic_options_run_calls_the_function_once():
+    # Plain tfringrun: no fault tolerance to recover with; the state is
+    # synced and the function runs (Horovod's behaviour there).
+    command = [sys.executable, "-m", "tfring.launcher.cli", "-np", "2",
+               sys.executable, os.path.join(SCRIPTS, "torch_loop.py"), "-1"]
+    env = working_tree_env(OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    result = launch_command(command, JOB_TIMEOUT_S, env=env, cwd=ROOT)
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = [json.loads(line.split("RESULT ", 1)[1])
+               for line in result.output.splitlines() if "RESULT " in line]
+    assert [r["epoch"] for r in results] == [3, 3], result.describe()
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
+
+
 class _Members:
     def __init__(self, size, resets):
         self.resets = resets

@@ -94,6 +94,11 @@ class Membership:
         if not basics.is_initialized():
             basics.init(comm=self.comm)
 
+    def communicator(self):
+        """The job's communicator: the elastic one, or MPI_COMM_WORLD in a
+        job not launched elastic."""
+        return self.comm if self.comm is not None else _mpi().COMM_WORLD
+
     def agree(self, finished):
         """Fault-tolerant agreement of every live rank: True when each one
         passed finished=True and no rank has died. Every rank calls it

@@ -60,6 +60,12 @@ def run_fn(func, before_reset=None):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         settings = _settings.from_environment()
+        if not settings.enabled:
+            # Not launched elastic (plain mpirun, tfringrun without the
+            # elastic options): MPI's fault tolerance is off, so there is
+            # nothing to recover with; run once, as Horovod does there.
+            state.sync()
+            return func(state, *args, **kwargs)
         members = _membership.current()
         members.start()
         skip_sync = False

@@ -17,11 +17,11 @@ from tfring.elastic.errors import HostsUpdatedInterrupt
 def broadcast_object_over_job(obj, root_rank=0):
     """Rank `root_rank`'s `obj` on every rank, pickled over the job's
     communicator (no framework needed)."""
-    return membership.current().comm.bcast(obj, root=root_rank)
+    return membership.current().communicator().bcast(obj, root=root_rank)
 
 
 def _rank():
-    return membership.current().comm.Get_rank()
+    return membership.current().communicator().Get_rank()
 
 
 class State:
