@@ -21,6 +21,8 @@ STEPS, COMMIT_EVERY = 12, 3
 
 
 def _tfringrun(ranks, min_np, script_args, **extra_env):
+    """tfringrun of `script_args` with the elastic options, under a timeout
+    that ends every process of the job."""
     command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
                "--min-np", str(min_np), sys.executable, *script_args]
     env = working_tree_env(
@@ -81,6 +83,21 @@ def test_killed_rank_survivors_finish_from_the_last_commit(
         assert reset["args"]["detail"] == "reset 1: 3 ranks before, 2 after"
         assert any(e.get("ts", 0) > reset["ts"] and e.get("ph") == "X"
                    for e in events), events
+
+
+def test_a_rank_that_dies_during_the_reset_causes_one_more_reset():
+    result = _tfringrun(4, 2, [TF_LOOP, "during_reset", str(STEPS),
+                               str(COMMIT_EVERY), "3", "7"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
+    assert all(r["size"] == 2 for r in results), result.describe()
+    # Both survivors reset twice.
+    assert result.output.count("saw a failure, resetting") >= 4, result.describe()
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
 
 
 def test_below_min_np_ends_the_job_with_the_reason():

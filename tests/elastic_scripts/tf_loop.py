@@ -3,8 +3,10 @@ tests/test_elastic.py.
 
 Usage: tf_loop.py SCENARIO STEPS COMMIT_EVERY KILL_RANK KILL_STEP
 SCENARIO: none, mid_step (KILL_RANK dies with SIGKILL before its
-allreduce at step KILL_STEP) or mid_commit (it dies inside commit(), after
-saving, at the commit that ends step KILL_STEP).
+allreduce at step KILL_STEP), mid_commit (it dies inside commit(), after
+saving, at the commit that ends step KILL_STEP) or during_reset (as
+mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
+survivors rebuilt the job and before the state is synced).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -47,6 +49,8 @@ class CommitDyingState(elastic.TensorFlowState):
 
 
 state = CommitDyingState([weights, embedding], step=0)
+if scenario == "during_reset" and original_rank == kill_rank - 1:
+    state.register_reset_callbacks([die])
 
 
 # An input of the function, not a constant in it: Grappler would fold a
@@ -68,7 +72,7 @@ def train_step(step, rows):
 @elastic.run
 def train(state):
     while state.step < steps:
-        if (scenario == "mid_step" and original_rank == kill_rank
+        if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
                 and state.step == kill_step):
             die()
         train_step(tf.constant(state.step, tf.int64), ROWS)

@@ -29,9 +29,10 @@ def _reason(error):
     # A framework wraps the core's message ("Graph execution error: ...");
     # the line that names tfring says why.
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if "tfring" in line:
-            return line
+    for key in ("tfring stopped", "tfring"):
+        for line in lines:
+            if key in line:
+                return line[line.index(key):]
     return lines[0] if lines else type(error).__name__
 
 
