@@ -17,6 +17,7 @@ dense tensors and IndexedSlices alike).
 import json
 import os
 import signal
+import socket
 import sys
 
 import tensorflow as tf
@@ -84,5 +85,6 @@ def train(state):
 train(state)
 print("RESULT " + json.dumps({
     "original_rank": original_rank, "rank": tfring.rank(),
+    "host": socket.gethostname(),
     "size": tfring.size(), "weights": weights.numpy().tolist(),
     "embedding": embedding.numpy().tolist()}), flush=True)
