@@ -20,11 +20,11 @@ JOB_TIMEOUT_S = 240
 STEPS, COMMIT_EVERY = 12, 3
 
 
-def _tfringrun(ranks, min_np, script_args, **extra_env):
+def _tfringrun(ranks, min_np, script_args, options=(), **extra_env):
     """tfringrun of `script_args` with the elastic options, under a timeout
     that ends every process of the job."""
     command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
-               "--min-np", str(min_np), sys.executable, *script_args]
+               "--min-np", str(min_np), *options, sys.executable, *script_args]
     env = working_tree_env(
         quiet_tensorflow=True, TF_NUM_INTRAOP_THREADS="1",
         TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
@@ -98,6 +98,29 @@ def test_a_rank_that_dies_during_the_reset_causes_one_more_reset():
     assert results[0]["weights"] == results[1]["weights"], result.describe()
     np.testing.assert_allclose(results[0]["weights"],
                                _expected_weights(STEPS), rtol=1e-12)
+
+
+def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("localhost:2\n")
+    steps = 40
+    result = _tfringrun(
+        2, 2, [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
+        options=["--max-np", "3", "-H", "localhost:3",
+                 "--host-discovery-script",
+                 os.path.join(ROOT, "tests", "elastic_scripts",
+                              "discover_hosts.sh")],
+        TFRING_TEST_HOSTS_FILE=str(hosts_file),
+        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 1, 2], result.describe()
+    assert all(r["size"] == 3 for r in results), result.describe()
+    # No rollback: the plain recurrence, and the new rank received it.
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(steps), rtol=1e-12)
 
 
 def test_below_min_np_ends_the_job_with_the_reason():

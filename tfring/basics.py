@@ -132,6 +132,11 @@ def init(comm=None, process_sets=None):
     _initialize_mpi(MPI)
 
     owned = None
+    if comm is None and os.environ.get("TFRING_ELASTIC") == "1":
+        # An elastic job's communicator: a rank started into the running
+        # job merges with the others there (tfring/elastic/membership.py).
+        from tfring.elastic import membership
+        comm = membership.current().initial_communicator()
     if comm is None:
         comm = MPI.COMM_WORLD
     elif isinstance(comm, (list, tuple, range)) and len(comm) == 0:

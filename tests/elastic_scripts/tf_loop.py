@@ -6,7 +6,10 @@ SCENARIO: none, mid_step (KILL_RANK dies with SIGKILL before its
 allreduce at step KILL_STEP), mid_commit (it dies inside commit(), after
 saving, at the commit that ends step KILL_STEP) or during_reset (as
 mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
-survivors rebuilt the job and before the state is synced).
+survivors rebuilt the job and before the state is synced) or grow (rank 0
+writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
+discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
+ranks at a later commit).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -17,6 +20,7 @@ dense tensors and IndexedSlices alike).
 import json
 import os
 import signal
+import time
 import socket
 import sys
 
@@ -76,6 +80,11 @@ def train(state):
         if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
                 and state.step == kill_step):
             die()
+        if scenario == "grow":
+            if original_rank == 0 and state.step == kill_step:
+                with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
+                    f.write(f"localhost:{kill_rank}\n")
+            time.sleep(0.05)  # time for the discovery script's next run
         train_step(tf.constant(state.step, tf.int64), ROWS)
         state.step += 1
         if state.step % commit_every == 0:

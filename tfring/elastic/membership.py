@@ -18,6 +18,7 @@
 import atexit
 import ctypes
 import glob
+import json
 import os
 import sys
 
@@ -25,7 +26,17 @@ from tfring import _core
 from tfring import _running
 from tfring import basics
 from tfring import process_sets as _process_sets
+from tfring.elastic import discovery
 from tfring.elastic.errors import InternalError
+
+# Set by tfringrun: the launch's host list (`host:slots,...`), to know which
+# discovered host each first rank runs on; set for a started rank: its host.
+LAUNCH_HOSTS = "TFRING_ELASTIC_HOSTS"
+HOST = "TFRING_ELASTIC_HOST"
+# Environment variables a started rank receives from the rank that starts
+# it (Open MPI does not pass the launch's -x variables on to it).
+_INHERITED_PREFIXES = ("TFRING_", "TF_", "OMP_", "MPI4PY_", "PYTHON",
+                       "OMPI_ALLOW_RUN_AS_ROOT", "CUDA_VISIBLE_DEVICES")
 
 
 def _mpi():
@@ -67,14 +78,61 @@ def _finish_with_pmix():
               "finalizing.", file=sys.stderr)
 
 
+def _launch_host(world_rank):
+    """The discovered-host name of a first rank: ranks fill the launch's
+    hosts slot by slot, in order (Open MPI's default mapping)."""
+    entries = [entry.rpartition(":") for entry in
+               os.environ.get(LAUNCH_HOSTS, "").split(",") if entry]
+    first = 0
+    for name, _, slots in entries:
+        count = int(slots) if slots else 1
+        if world_rank < first + count:
+            return name
+        first += count
+    return entries[-1][0] if entries else "localhost"
+
+
 class Membership:
-    """This process's view of the job: the communicator the core runs on
-    and how many times it was rebuilt."""
+    """This process's view of the job: the communicator the core runs on,
+    how many times it was rebuilt, and (with host discovery) which
+    discovered host each rank runs on."""
 
     def __init__(self):
         self.comm = None
         self.resets = 0
+        self.rank_hosts = []
+        self.growth = []  # [(host, ranks)] to start at the next reset
+        self._host = None
         self._finish_registered = False
+
+    def initial_communicator(self):
+        """The communicator tfring.init() starts on in an elastic job: a
+        rank started into the running job (MPI_Comm_spawn) merges with the
+        ranks that started it; the first ranks use MPI_COMM_WORLD."""
+        MPI = _mpi()
+        if self.comm is None:
+            parent = MPI.Comm.Get_parent()
+            if parent != MPI.COMM_NULL:
+                self.comm = parent.Merge(high=True)
+                self.resets = 1
+            else:
+                self.comm = MPI.COMM_WORLD
+            self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        return self.comm
+
+    def _learn_hosts(self):
+        if not discovery.enabled():
+            return
+        if self._host is None:
+            self._host = os.environ.get(HOST) or _launch_host(
+                _mpi().COMM_WORLD.Get_rank())
+        self.rank_hosts = self.comm.allgather(self._host)
+
+    def ranks_per_host(self):
+        counts = {}
+        for host in self.rank_hosts:
+            counts[host] = counts.get(host, 0) + 1
+        return counts
 
     def start(self):
         """Adopts the running job (tfring.init() was called, or is called
@@ -87,12 +145,11 @@ class Membership:
             mpi4py.rc.finalize = False
             atexit.register(_finish_with_pmix)
             self._finish_registered = True
-        if self.comm is None:
-            self.comm = MPI.COMM_WORLD
-            self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.initial_communicator()
         _core.set_elastic_mode(True)
         if not basics.is_initialized():
             basics.init(comm=self.comm)
+        self._learn_hosts()
 
     def communicator(self):
         """The job's communicator: the elastic one, or MPI_COMM_WORLD in a
@@ -120,8 +177,9 @@ class Membership:
             pass  # already revoked, or this MPI has no ULFM
 
     def rebuild(self):
-        """Stops the core, shrinks the communicator to the live ranks and
-        starts the core over it. Collective over the live ranks."""
+        """Stops the core, shrinks the communicator to the live ranks (and
+        starts the ranks of a growth plan, merged in after them), then starts
+        the core over it. Collective over the live ranks."""
         MPI = _mpi()
         old_size = self.comm.Get_size()
         # basics.shutdown(), leaving the timeline open for the reset's mark.
@@ -132,6 +190,9 @@ class Membership:
                 _process_sets.on_shutdown()
             _running.set_shut_down(True)
         survivors = self.comm.Shrink()
+        growth, self.growth = self.growth, []
+        if growth:
+            survivors = self._start_ranks(survivors, growth)
         survivors.Set_errhandler(MPI.ERRORS_RETURN)
         # The old communicator is left to MPI: freeing one that lost a
         # member may wait for it.
@@ -148,6 +209,32 @@ class Membership:
         _core.mark_timeline(
             "elastic reset", f"reset {self.resets}: {old_size} ranks before, "
             f"{survivors.Get_size()} after")
+        self._learn_hosts()
+
+    def _start_ranks(self, comm, growth):
+        """Starts the ranks of `growth` ([(host, count)]) with
+        MPI_Comm_spawn (collective over `comm`, on hosts of the launch's
+        allocation) running this program again, and merges them in after
+        the ranks of `comm`."""
+        MPI = _mpi()
+        inherited = {name: value for name, value in os.environ.items()
+                     if name.startswith(_INHERITED_PREFIXES)}
+        commands, argvs, counts, infos = [], [], [], []
+        for host, count in growth:
+            environment = dict(inherited, **{HOST: host})
+            commands.append(sys.executable)
+            argvs.append(["-m", "tfring.elastic.joiner",
+                          json.dumps(environment), *sys.argv])
+            counts.append(count)
+            info = MPI.Info.Create()
+            info.Set("host", host)
+            info.Set("wdir", os.getcwd())
+            infos.append(info)
+        started = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
+        merged = started.Merge(high=False)
+        for info in infos:
+            info.Free()
+        return merged
 
 
 _membership = Membership()

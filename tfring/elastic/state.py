@@ -10,7 +10,9 @@
 import copy
 import queue
 
+from tfring.elastic import discovery
 from tfring.elastic import membership
+from tfring.elastic import settings as _settings
 from tfring.elastic.errors import HostsUpdatedInterrupt
 
 
@@ -61,6 +63,9 @@ class State:
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank at once when rank 0
         learnt of added or removed hosts since the last check."""
+        if _updates_expected():
+            self._check_discovered_hosts()
+            return
         newest = self._last_updated_timestamp
         removed_only = True
         while not self._host_messages.empty():
@@ -76,6 +81,22 @@ class State:
         if newest > previous:
             raise HostsUpdatedInterrupt(skip_sync=removed_only)
 
+    def _check_discovered_hosts(self):
+        # Rank 0 turns the discovery script's newest listing into a plan;
+        # every rank receives it here and raises together.
+        members = membership.current()
+        plan = []
+        if members.comm is not None and members.comm.Get_rank() == 0:
+            hosts = discovery.poller().hosts()
+            if hosts is not None:
+                plan = discovery.growth_plan(
+                    hosts, members.ranks_per_host(), members.comm.Get_size(),
+                    _settings.from_environment().max_np)
+        plan = self._bcast_object(plan)
+        if plan:
+            members.growth = plan
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
     def save(self):
         raise NotImplementedError()
 
@@ -90,10 +111,9 @@ class State:
 
 
 def _updates_expected():
-    # Host changes would come from a discovery script, which tfring's
-    # elastic jobs do not have (docs/elastic.md): commit() stays local and
-    # costs no communication.
-    return False
+    # Host changes come from a discovery script; without one, commit()
+    # stays local and costs no communication.
+    return discovery.enabled() and membership.current().comm is not None
 
 
 class ObjectState(State):

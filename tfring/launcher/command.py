@@ -271,13 +271,15 @@ def ranks_share_one_host(args):
     return one_machine(distinct_names(args.host_entries))
 
 
-def network_options(args, environ, fault_tolerance=True):
+def network_options(args, environ, fault_tolerance=True,
+                    one_host_transport=ONE_HOST_TRANSPORT):
     """mpirun options that decide which network the job uses, where its
     processes listen (see the top of this file) and how it reports a rank
-    that dies (`fault_tolerance=False`: the caller chose that already)."""
+    that dies (`fault_tolerance=False`: the caller chose that already;
+    `one_host_transport`: the transport when every rank shares one host)."""
     options = []
     if ranks_share_one_host(args):
-        options += ONE_HOST_TRANSPORT
+        options += one_host_transport
     elif fault_tolerance and _FAULT_TOLERANCE_VARIABLE not in environ:
         options += FAULT_TOLERANT_MPI
     if args.network_interfaces:
@@ -432,7 +434,9 @@ def mpirun_command(args, mpirun, environ, euid, cpu_count,
     elastic = launch_elastic.enabled(args)
     if elastic:
         command += launch_elastic.FAULT_TOLERANT_RUNTIME
-        command += network_options(args, environ, fault_tolerance=False)
+        command += network_options(
+            args, environ, fault_tolerance=False,
+            one_host_transport=launch_elastic.one_host_transport(args))
     else:
         command += network_options(args, environ)
     command += listener_options(args, mpirun, environ, loopback_library)

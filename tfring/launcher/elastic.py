@@ -9,7 +9,15 @@
 # and tell every rank its limits through TFRING_ELASTIC_* variables
 # (tfring/elastic/settings.py).
 
+import os
+
 from tfring.elastic import settings as elastic_settings
+
+# The variables tfring/elastic/discovery.py and membership.py read (named
+# here, not imported: those modules load MPI and the core).
+DISCOVERY_SCRIPT = "TFRING_ELASTIC_DISCOVERY_SCRIPT"
+DISCOVERY_SLOTS = "TFRING_ELASTIC_SLOTS"
+LAUNCH_HOSTS = "TFRING_ELASTIC_HOSTS"
 
 FAULT_TOLERANT_RUNTIME = ["--with-ft", "ulfm"]
 
@@ -35,32 +43,48 @@ def add_arguments(parser):
              "at once, as no rank can join it")
     group.add_argument(
         "--host-discovery-script", default=None,
-        help="not available: tfring's elastic jobs keep the hosts they start "
-             "on (see docs/elastic.md)")
+        help="a program that prints the usable hosts, one `host:slots` per "
+             "line; rank 0 runs it every second and the job grows onto new "
+             "slots at the next state.commit() (only hosts of -H/--hostfile: "
+             "see docs/elastic.md)")
+    group.add_argument(
+        "--slots", "--slots-per-host", dest="slots", type=int, default=None,
+        help="slots of a discovered host listed without `:slots` (default 1)")
     group.add_argument(
         "--blacklist-cooldown-range", type=float, nargs=2, default=None,
         metavar=("LO", "HI"),
-        help="not available (needs --host-discovery-script)")
-    group.add_argument(
-        "--slots", "--slots-per-host", dest="slots", type=int, default=None,
-        help="not available (needs --host-discovery-script)")
+        help="not available: hosts whose ranks failed are not blacklisted")
+
+
+def one_host_transport(args):
+    """Open MPI's transport for an elastic job on one host: shared memory,
+    and TCP (over loopback) too when ranks may be started into the job: a
+    started rank belongs to another MPI job, which shared memory does not
+    reach."""
+    btl = "self,sm,tcp" if args.host_discovery_script else "self,sm"
+    return ["--mca", "pml", "ob1", "--mca", "btl", btl]
 
 
 def enabled(args):
     return any(getattr(args, name, None) is not None for name in
-               ("min_np", "max_np", "reset_limit", "elastic_timeout"))
+               ("min_np", "max_np", "reset_limit", "elastic_timeout",
+                "host_discovery_script"))
 
 
 def check(args):
     """Raises ValueError naming the problem with the elastic options."""
-    for name in ("host_discovery_script", "blacklist_cooldown_range", "slots"):
-        if getattr(args, name, None) is not None:
-            option = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{option} is not available: tfring's elastic jobs keep "
-                "the hosts they start on and go on over the survivors when "
-                "ranks die; they do not add hosts. Expected a fixed host "
-                f"list (-H/--hostfile) with --min-np. Remove {option}.")
+    if getattr(args, "blacklist_cooldown_range", None) is not None:
+        raise ValueError(
+            "--blacklist-cooldown-range is not available: tfring's elastic "
+            "jobs do not blacklist the hosts of failed ranks. Expected the "
+            "discovery script to leave out hosts that should not be used. "
+            "Remove --blacklist-cooldown-range.")
+    if getattr(args, "slots", None) is not None and not getattr(
+            args, "host_discovery_script", None):
+        raise ValueError(
+            "--slots applies to hosts found by --host-discovery-script, but "
+            "no script was given. Expected both or neither. Add "
+            "--host-discovery-script SCRIPT, or remove --slots.")
     if not enabled(args):
         return
     np = args.num_proc
@@ -92,6 +116,12 @@ def environment(args):
     }
     if args.elastic_timeout is not None:
         values[elastic_settings.TIMEOUT] = args.elastic_timeout
+    if args.host_discovery_script is not None:
+        values[DISCOVERY_SCRIPT] = os.path.abspath(args.host_discovery_script)
+        values[DISCOVERY_SLOTS] = args.slots or 1
+        values[LAUNCH_HOSTS] = ",".join(
+            f"{host.name}:{host.slots or 1}" for host in args.host_entries
+        ) or f"localhost:{args.num_proc}"
     options = []
     for name, value in values.items():
         options += ["-x", f"{name}={value}"]
