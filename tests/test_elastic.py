@@ -16,7 +16,7 @@ from tfring.launcher import command as launch_command_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_LOOP = os.path.join(ROOT, "tests", "elastic_scripts", "tf_loop.py")
-JOB_TIMEOUT_S = 240
+JOB_TIMEOUT_S = 480  # a bound for a hang; loaded CI machines need minutes
 STEPS, COMMIT_EVERY = 12, 3
 
 
@@ -152,13 +152,27 @@ def test_elastic_options_run_open_mpi_fault_tolerant_and_tell_the_ranks():
     assert "--with-ft" not in plain and "TFRING_ELASTIC=1" not in plain
 
 
+def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
+    command = _command(["-np", "2", "--max-np", "4", "-H", "localhost:4",
+                        "--host-discovery-script", "hosts.sh", "--slots", "2",
+                        "python", "train.py"])
+    for setting in ("TFRING_ELASTIC=1", "TFRING_ELASTIC_HOSTS=localhost:4",
+                    "TFRING_ELASTIC_SLOTS=2", "TFRING_ELASTIC_DISCOVERY_SCRIPT="
+                    + os.path.abspath("hosts.sh")):
+        assert setting in command, command
+    # Started ranks are another MPI job, which shared memory cannot reach.
+    assert command[command.index("btl") + 1] == "self,sm,tcp", command
+
+
 @pytest.mark.parametrize("argv,message", [
     (["-np", "2", "--min-np", "3"], r"out of order. Expected 1 <= --min-np"),
     (["-np", "4", "--max-np", "3"], r"out of order"),
     (["-np", "2", "--min-np", "1", "--reset-limit", "-1"],
      r"--reset-limit -1 is negative"),
-    (["-np", "2", "--host-discovery-script", "d.sh"],
-     r"--host-discovery-script is not available: tfring's elastic jobs keep"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
+     r"--blacklist-cooldown-range is not available"),
+    (["-np", "2", "--min-np", "1", "--slots", "2"],
+     r"--slots applies to hosts found by --host-discovery-script"),
 ])
 def test_bad_elastic_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -14,7 +14,7 @@ from tfring.elastic import runner, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "elastic_scripts")
-JOB_TIMEOUT_S = 240
+JOB_TIMEOUT_S = 480  # a bound for a hang; loaded CI machines need minutes
 
 
 def _run_elastic(script, kill_rank):
