@@ -23,6 +23,7 @@ import os
 import sys
 
 from tfring import _core
+from tfring import _elastic_communicator
 from tfring import _running
 from tfring import basics
 from tfring import process_sets as _process_sets
@@ -118,6 +119,7 @@ class Membership:
             else:
                 self.comm = MPI.COMM_WORLD
             self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+            _elastic_communicator.communicator = self.comm
         return self.comm
 
     def _learn_hosts(self):
@@ -197,6 +199,7 @@ class Membership:
         # The old communicator is left to MPI: freeing one that lost a
         # member may wait for it.
         self.comm = survivors
+        _elastic_communicator.communicator = survivors
         self.resets += 1
         try:
             basics.init(comm=survivors)
