@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 
 import mpi_launch
+from test_multihost import namespace_hosts
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-import netns_hosts  # noqa: E402
-
 HOST_NAMES = ("hostA", "hostB", "hostC")
 JOB_TIMEOUT_S = 300
 TF_LOOP = str(REPO / "tests" / "elastic_scripts" / "tf_loop.py")
@@ -26,10 +24,7 @@ TF_LOOP = str(REPO / "tests" / "elastic_scripts" / "tf_loop.py")
 
 @pytest.fixture(scope="module")
 def hosts():
-    reason = netns_hosts.unavailable_reason()
-    if reason:
-        pytest.skip(f"cannot make network namespaces as test hosts: {reason}")
-    with netns_hosts.NetnsHosts(HOST_NAMES) as made:
+    with namespace_hosts(HOST_NAMES) as made:
         yield made
 
 
