@@ -94,6 +94,22 @@ TFRING_EXPORT Status Shutdown();
 
 TFRING_EXPORT bool IsInitialized();
 
+// Whether the core stopped because a peer died or the transport failed (not
+// by a shutdown): pending and later collectives fail, and the job can go on
+// only over a new communicator (elastic training shuts down and initializes
+// again over the survivors). Stays true after Shutdown until the next
+// successful InitializeMpi.
+TFRING_EXPORT bool StoppedByFailure();
+
+// Elastic training. After SetElasticMode(true) (also while running), a failure
+// that stops the core leaves rank 0's timeline open, ShutdownForReset stops
+// the core without closing it, and MarkTimeline adds an instant event (the
+// reset) to it; the job then goes on over a new communicator
+// (InitializeMpi again) in the same file. Shutdown closes it as before.
+TFRING_EXPORT void SetElasticMode(bool elastic);
+TFRING_EXPORT Status ShutdownForReset();
+TFRING_EXPORT void MarkTimeline(const std::string& name, const std::string& detail);
+
 // Valid only while initialised.
 TFRING_EXPORT Topology GetTopology();
 

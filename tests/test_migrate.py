@@ -166,15 +166,24 @@ def test_a_pytorch_script_gets_no_keras_rewrites():
     assert _port(source).source == source.replace("horovod.torch", "tfring.torch")
 
 
-@pytest.mark.parametrize("source,line,what,advice", [
+@pytest.mark.parametrize("before,after", [
     ("import horovod.torch as hvd\n\n@hvd.elastic.run\ndef train(state):\n    pass\n",
-     3, "uses Horovod's elastic training", "DistributedSampler"),
-    ("import horovod.torch as hvd\nstate = hvd.elastic.TorchState(model, optimizer)\n",
-     2, "uses Horovod's elastic training", "torch.save"),
+     "import tfring.torch as hvd\n\n@hvd.elastic.run\ndef train(state):\n    pass\n"),
     ("from horovod.torch.elastic import ElasticSampler\n",
-     1, "uses Horovod's elastic training", "DistributedSampler"),
-    ("from horovod.torch import elastic\n",
-     1, "uses Horovod's elastic training", "restart the job"),
+     "from tfring.torch.elastic import ElasticSampler\n"),
+    ("from horovod.torch import elastic\n", "from tfring.torch import elastic\n"),
+    ("import horovod.tensorflow.keras as hvd\nstate = hvd.elastic.KerasState(model)\n",
+     "import tfring.keras as hvd\nstate = hvd.elastic.KerasState(model)\n"),
+    ("from horovod.tensorflow.elastic import TensorFlowKerasState\n",
+     "from tfring.elastic import TensorFlowKerasState\n"),
+])
+def test_elastic_training_is_ported(before, after):
+    result = _port(before)
+    assert result.source == after
+    assert not result.findings
+
+
+@pytest.mark.parametrize("source,line,what,advice", [
     ("from horovod.spark import torch as hvd_spark\n",
      1, "uses Horovod's Spark integration", "tfringrun -np N"),
     ("import horovod.common.util as util\n", 1, "uses horovod.common",
@@ -322,16 +331,14 @@ def test_what_cannot_be_ported_is_listed_with_its_line():
     assert found == {
         (3, "uses Horovod's Spark integration"),
         (4, "uses Horovod's Ray integration"),
-        (6, "uses Horovod's elastic training"),
         (10, "uses a TF1 session"),
         (11, "uses tf.estimator.Estimator"),
     }, result.findings
     by_line = {f.line: f.suggestion for f in result.findings}
     assert "tfringrun -np N" in by_line[3]
-    assert "restart the job" in by_line[6]
     assert "tf.GradientTape" in by_line[10]
     assert "keras.Model" in by_line[11]
-    # Those lines are left as they were.
+    # Those lines are left as they were; elastic training is ported.
     assert "@hvd.elastic.run" in result.source
     assert "from horovod.spark.keras import KerasEstimator" in result.source
 
@@ -357,15 +364,15 @@ def _run_tool(*args, cwd=None):
 
 def test_command_prints_a_diff_by_default_and_writes_with_write(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import horovod.tensorflow as hvd\nhvd.elastic.run\n")
+    script.write_text("import horovod.tensorflow as hvd\nhvd.spark.run\n")
     shown = _run_tool(str(script))
     assert shown.returncode == 1, shown.stderr
     assert "-import horovod.tensorflow as hvd\n+import tfring as hvd" in shown.stdout
-    assert f"cannot port: {script}:2: uses Horovod's elastic training" in shown.stdout
+    assert f"cannot port: {script}:2: uses Horovod's Spark integration" in shown.stdout
     assert script.read_text().startswith("import horovod")  # not written
     written = _run_tool("--write", str(tmp_path))
     assert written.returncode == 1, written.stderr
-    assert script.read_text() == "import tfring as hvd\nhvd.elastic.run\n"
+    assert script.read_text() == "import tfring as hvd\nhvd.spark.run\n"
 
 
 def test_write_skips_links_that_leave_the_tree(tmp_path):

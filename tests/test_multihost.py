@@ -33,12 +33,18 @@ KILLED_JOB_END_BOUND_S = 30.0
 DIGITS_ONE_HOST_ACCURACY = 0.97
 
 
-@pytest.fixture(scope="module")
-def hosts():
+def namespace_hosts(names):
+    """NetnsHosts of `names` (a context manager), or a skip with the reason
+    where network namespaces cannot be made."""
     reason = netns_hosts.unavailable_reason()
     if reason:
         pytest.skip(f"cannot make network namespaces as test hosts: {reason}")
-    with netns_hosts.NetnsHosts(HOST_NAMES) as made:
+    return netns_hosts.NetnsHosts(names)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with namespace_hosts(HOST_NAMES) as made:
         yield made
 
 

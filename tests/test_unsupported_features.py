@@ -11,7 +11,6 @@ import tfring.keras
 
 
 @pytest.mark.parametrize("feature,replacement", [
-    ("elastic", "restart the job from the last one"),
     ("spark", "tfringrun -np N"),
     ("ray", "tfringrun -np N"),
     ("run", "tfringrun -np N"),
@@ -25,16 +24,16 @@ def test_attribute_names_the_feature_and_the_replacement(feature, replacement):
     assert "Horovod's" in message and replacement in message
 
 
-def test_keras_elastic_names_the_replacement():
-    with pytest.raises(AttributeError, match=r"tfring\.keras\.elastic does "
-                       r"not exist: .*elastic training"):
-        tfring.keras.elastic.KerasState
+def test_keras_spark_names_the_replacement():
+    with pytest.raises(AttributeError, match=r"tfring\.keras\.spark does "
+                       r"not exist: .*Spark integration"):
+        tfring.keras.spark.KerasEstimator
 
 
 @pytest.mark.parametrize("statement", [
-    "import tfring.elastic",
+    "import tfring.spark",
     "from tfring import spark",
-    "import tfring.keras.elastic",
+    "import tfring.keras.ray",
     "from tfring.ray import RayExecutor",
     "from tfring.data.compute_service import TfDataServiceConfig",
 ])
@@ -50,4 +49,4 @@ def test_other_missing_names_keep_the_usual_error():
         tfring.no_such
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("tfring.no_such_module")
-    assert "tfring.elastic" not in sys.modules
+    assert "tfring.spark" not in sys.modules

@@ -19,7 +19,7 @@ from tfring._version import __version__
 from tfring import _mpi_yield
 from tfring import unsupported as _unsupported
 
-_unsupported.install_import_hook()  # import tfring.elastic: an error naming the replacement
+_unsupported.install_import_hook()  # import tfring.spark: an error naming the replacement
 
 # Open MPI yields the CPU instead of spinning while a rank waits, for this
 # process's MPI only (tfring/_mpi_yield.py): set up before a script imports
@@ -54,7 +54,7 @@ del _module, _names
 
 # Submodules that `import tfring` made attributes before the API loaded
 # lazily; mpi_ops is Horovod's module of that name (its internal `_basics`).
-_SUBMODULES = {"keras", "mpi_ops", "ops"}
+_SUBMODULES = {"elastic", "keras", "mpi_ops", "ops"}
 
 __all__ = ["__version__", *sorted(_API)]
 

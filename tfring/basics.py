@@ -16,6 +16,7 @@ import os
 import sys
 
 from tfring import _core
+from tfring import _elastic_communicator
 from tfring import _mpi_yield
 from tfring import _running
 from tfring import process_sets as _process_sets
@@ -132,6 +133,10 @@ def init(comm=None, process_sets=None):
     _initialize_mpi(MPI)
 
     owned = None
+    if comm is None:
+        # An elastic job's communicator: a rank started into the running
+        # job has merged with the others (tfring/elastic/membership.py).
+        comm = _elastic_communicator.communicator
     if comm is None:
         comm = MPI.COMM_WORLD
     elif isinstance(comm, (list, tuple, range)) and len(comm) == 0:

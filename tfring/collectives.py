@@ -12,6 +12,7 @@
 # Python: each function only builds TensorFlow ops from tfring.ops.
 
 import itertools
+import os
 
 import tensorflow as tf
 from tensorflow.python.eager import record
@@ -150,10 +151,19 @@ def _average_gathered_slices(gathered, op, device_sparse, membership):
     if op != int(Average):
         return gathered
     with tf.device(device_sparse):
-        values = gathered.values / tf.cast(membership.size,
+        values = gathered.values / tf.cast(_size_when_run(membership),
                                            gathered.values.dtype)
     return tf.IndexedSlices(values, gathered.indices,
                             dense_shape=gathered.dense_shape)
+
+
+def _size_when_run(membership):
+    """The set's size for a division: in elastic training (where the job's
+    size changes under functions traced before) the job's size read when
+    the op runs, else the size now."""
+    if membership.id == 0 and os.environ.get("TFRING_ELASTIC") == "1":
+        return _ops.size_op()
+    return membership.size
 
 
 def _allreduce_slices(slices, op, name, device_sparse, membership):

@@ -1,8 +1,8 @@
 # Horovod features that tfring does not provide, and what to use instead.
 #
-# Why: scripts ported from Horovod reach for `hvd.elastic`, `horovod.spark`,
-# `horovod.ray`, ... A bare "module has no attribute 'elastic'" reads like a
-# bug in tfring or a typo. Attribute access (`tfring.elastic.run`) and
+# Why: scripts ported from Horovod reach for `horovod.spark`,
+# `horovod.ray`, ... A bare "module has no attribute 'spark'" reads like a
+# bug in tfring or a typo. Attribute access (`tfring.ray.RayExecutor`) and
 # imports (`import tfring.spark`, `from tfring import ray`) of those names
 # raise an error that names the feature and the replacement instead. One
 # table serves the attribute hook of each tfring package and the import
@@ -16,14 +16,6 @@ _LAUNCH = ("launch the script with `tfringrun -np N python train.py` (or "
 
 # name -> (what Horovod offered there, what to do with tfring)
 FEATURES = {
-    "elastic": (
-        "elastic training (hvd.elastic.run, State, ObjectState, "
-        "TensorFlowKerasState, elastic callbacks)",
-        "tfring runs a fixed set of ranks. Drop the @hvd.elastic.run "
-        "decorator and the State objects, call the training function "
-        "directly, save checkpoints on rank 0 (model.save, or "
-        "tfring.keras.callbacks.BestModelCheckpoint) and restart the job "
-        "from the last one when a host fails"),
     "spark": ("Spark integration (horovod.spark.run, KerasEstimator)",
               "read the data with tf.data in the script and " + _LAUNCH),
     "ray": ("Ray integration (RayExecutor, ElasticRayExecutor)", _LAUNCH),

@@ -329,9 +329,10 @@ void BackgroundLoop::Run() {
   // No longer running from here on: an init() that follows the cancellation
   // errors below (which the user may see at once) must start a new loop, not
   // find this one still "running".
-  running_ = false;
+  // (The reason is stored first: whoever sees running() false may ask it.)
   exit_status_ = stop_reason;
   stopped_by_failure_ = stopped_by_failure;
+  running_ = false;
   global_transport->StopWatchingRoundCalls();
   if (registry_ != nullptr) registry_->Stop(stop_reason);
   std::vector<TensorEntry> cancelled = queue_->Close(stop_reason);
@@ -342,8 +343,11 @@ void BackgroundLoop::Run() {
   }
   for (TensorEntry& entry : cancelled) CompleteEntry(entry, stop_reason);
   // Whatever ended the job, the timeline is complete now: close it as valid
-  // JSON at once (the process may not get to run its exit handlers).
-  if (timeline_ != nullptr) timeline_->Stop();
+  // JSON at once (the process may not get to run its exit handlers). Elastic
+  // training goes on after a failure, and records its reset in the same file.
+  if (timeline_ != nullptr && !(stopped_by_failure && keep_timeline_on_failure_)) {
+    timeline_->Stop();
+  }
 }
 
 }  // namespace tfring

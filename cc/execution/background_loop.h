@@ -64,8 +64,12 @@ class BackgroundLoop {
   Status Join();
   bool running() const { return running_.load(); }
   // Whether a failure stopped the loop (a peer died or stopped taking part,
-  // the transport failed), rather than a shutdown. Valid after Join.
+  // the transport failed), rather than a shutdown. Valid after Join, or once
+  // running() is false.
   bool stopped_by_failure() const { return stopped_by_failure_; }
+  // Elastic training: a failure leaves the timeline open, as the job goes on
+  // over the survivors. Any thread.
+  void KeepTimelineOnFailure() { keep_timeline_on_failure_ = true; }
   // The global set's controller. Valid after Join (it belongs to the
   // background thread).
   const Controller& controller() const { return sets_.front()->controller; }
@@ -115,6 +119,7 @@ class BackgroundLoop {
   std::atomic<bool> running_{false};
   Status exit_status_;
   bool stopped_by_failure_ = false;
+  std::atomic<bool> keep_timeline_on_failure_{false};
   Timeline* timeline_;
   // The knobs in force, as rank 0 last announced them.
   int64_t fusion_threshold_;

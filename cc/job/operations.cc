@@ -59,6 +59,8 @@ struct CoreState {
   // Rank 0 reports the environment's notes (config.h) at the first init
   // only: once per job, however often it restarts.
   bool environment_notes_reported = false;
+  // Elastic training (SetElasticMode): a failure leaves the timeline open.
+  bool elastic = false;
 };
 
 CoreState& State() {
@@ -108,13 +110,13 @@ void DiscardLocked(CoreState& state) {
   state.transport.reset();
 }
 
-Status ShutdownLocked(CoreState& state) {
+Status ShutdownLocked(CoreState& state, bool stop_timeline = true) {
   if (!state.loop) return Status::OK();
   state.loop->RequestShutdown();
   const Status stopped = state.loop->Join();
   if (state.loop->stopped_by_failure()) state.failure = stopped;
   DiscardLocked(state);
-  state.timeline.Stop();
+  if (stop_timeline) state.timeline.Stop();
   return Status::OK();
 }
 
@@ -227,6 +229,7 @@ Status StartLocked(CoreState& state, MPI_Comm comm, const std::vector<std::vecto
   state.loop = std::make_unique<BackgroundLoop>(global, state.queue.get(),
                                                 state.config, state.registry.get(),
                                                 &state.timeline);
+  if (state.elastic) state.loop->KeepTimelineOnFailure();
   for (const auto& [id, ranks] : state.registry->Sets()) {
     if (id == 0) continue;
     std::unique_ptr<Transport> member;
@@ -352,6 +355,32 @@ bool IsInitialized() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   return state.loop != nullptr;
+}
+
+void SetElasticMode(bool elastic) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  state.elastic = elastic;
+  if (elastic && state.loop) state.loop->KeepTimelineOnFailure();
+}
+
+Status ShutdownForReset() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  return ShutdownLocked(state, /*stop_timeline=*/false);
+}
+
+void MarkTimeline(const std::string& name, const std::string& detail) {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (state.timeline.recording()) state.timeline.RecordMark(name, detail);
+}
+
+bool StoppedByFailure() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  if (!state.failure.ok()) return true;
+  return state.loop != nullptr && !state.loop->running() && state.loop->stopped_by_failure();
 }
 
 Topology GetTopology() {

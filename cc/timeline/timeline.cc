@@ -171,6 +171,14 @@ void Timeline::RecordCycle(int64_t cycle, TimelineClock::time_point start) {
   Push(std::move(item));
 }
 
+void Timeline::RecordMark(const std::string& name, const std::string& detail) {
+  Item item;
+  item.mark = name;
+  item.detail = detail;
+  item.cycle_start = TimelineClock::now();
+  Push(std::move(item));
+}
+
 void Timeline::Push(Item item) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -232,6 +240,11 @@ void Timeline::Write(const Item& item) {
   if (item.is_cycle) {
     Emit(Instant("cycle", kCycleRow, Micros(item.cycle_start),
                  "\"cycle\":" + std::to_string(item.cycle)));
+    return;
+  }
+  if (!item.mark.empty()) {
+    Emit(Instant(item.mark.c_str(), kCycleRow, Micros(item.cycle_start),
+                 "\"detail\":" + Quoted(item.detail)));
     return;
   }
   WriteTensor(item.tensor);

@@ -98,6 +98,9 @@ class Timeline {
   // when the queue is full).
   void RecordTensor(TensorTrace trace);
   void RecordCycle(int64_t cycle, TimelineClock::time_point start);
+  // Any thread: an instant event `name` on the cycles row, now, with
+  // `detail` as its argument (elastic training marks its resets).
+  void RecordMark(const std::string& name, const std::string& detail);
 
  private:
   struct Item {
@@ -105,6 +108,8 @@ class Timeline {
     int64_t cycle = 0;
     TimelineClock::time_point cycle_start;
     TensorTrace tensor;
+    std::string mark;  // non-empty: a RecordMark, at cycle_start
+    std::string detail;
   };
   void Push(Item item);
   // Stops recording, waits for rounds in progress, stops the writer thread

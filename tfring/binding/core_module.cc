@@ -148,6 +148,23 @@ PYBIND11_MODULE(_core, m) {
       },
       "Closes the timeline file.");
   m.def("is_initialized", &tfring::IsInitialized);
+  m.def("stopped_by_failure", &tfring::StoppedByFailure,
+        "Whether a dead peer or a transport failure stopped the core (not a shutdown).");
+  m.def("set_elastic_mode", &tfring::SetElasticMode, py::arg("elastic"),
+        "Elastic training: a failure leaves the timeline open (before init).");
+  m.def(
+      "shutdown_for_reset",
+      [] {
+        tfring::Status status;
+        {
+          py::gil_scoped_release release;  // joins the background thread
+          status = tfring::ShutdownForReset();
+        }
+        ThrowIfError(status);
+      },
+      "Stops the core like shutdown(), leaving the timeline open.");
+  m.def("mark_timeline", &tfring::MarkTimeline, py::arg("name"), py::arg("detail"),
+        "Rank 0: an instant event on the timeline's cycles row (when recording).");
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);
   m.def("shm_enabled", &tfring::SharedMemoryEnabled);
   m.def(

@@ -8,7 +8,11 @@
 # tensor, the field and the ranks.
 
 
-class HorovodInternalError(RuntimeError):
+from tfring.elastic.errors import HostsUpdatedInterrupt  # noqa: F401 (re-exported)
+from tfring.elastic.errors import InternalError as _ElasticInternalError
+
+
+class HorovodInternalError(_ElasticInternalError):
     """A collective failed in the core (the message says why and where).
 
     Raised (by synchronize() or a synchronous collective) on every rank the
@@ -22,9 +26,3 @@ class InvalidArgumentError(HorovodInternalError, ValueError):
     alltoall splits that do not add up), found when the ranks compared them:
     raised on every rank of the collective, none of which ran it. Also a
     ValueError, the type Horovod raises for these arguments."""
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic-training interrupt. tfring's buffer front ends have
-    no elastic mode and never raise it; defined so that `except` clauses
-    naming it still work."""

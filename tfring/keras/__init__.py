@@ -80,7 +80,7 @@ def broadcast(value, root_rank, name=None):
 def __getattr__(name):
     # tfring.keras.callbacks loads on first use, so tfring.keras imports
     # even where the callbacks are not needed (or not there).
-    if name == "callbacks":
-        return importlib.import_module("tfring.keras.callbacks")
+    if name in ("callbacks", "elastic"):
+        return importlib.import_module(f"tfring.keras.{name}")
     from tfring import unsupported
     raise unsupported.attribute_error(__name__, name)

@@ -20,6 +20,7 @@ import sys
 
 from tfring.launcher import checks as launch_checks
 from tfring.launcher import command as launch_command
+from tfring.launcher import elastic as launch_elastic
 from tfring.launcher import knobs as launch_knobs
 from tfring.launcher import supervise as launch_supervise
 from tfring.launcher.command import RunnerError
@@ -134,6 +135,7 @@ def _parser():
         "--verbose", action="store_true",
         help="print the mpirun command before running it")
     launch_knobs.add_arguments(parser)
+    launch_elastic.add_arguments(parser)
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="the program and its arguments (put `--` before it if it "
@@ -176,6 +178,7 @@ def parse_args(argv):
         else:
             args.host_entries = []
         launch_knobs.settings(args)
+        launch_elastic.check(args)
     except ValueError as e:
         parser.error(str(e))
     if args.check_hosts and not args.host_entries:

@@ -43,6 +43,7 @@ import shlex
 import shutil
 import socket
 
+from tfring.launcher import elastic as launch_elastic
 from tfring.launcher import knobs as launch_knobs
 
 # Environment variables handed to every rank with `mpirun -x` (mpirun already
@@ -270,14 +271,16 @@ def ranks_share_one_host(args):
     return one_machine(distinct_names(args.host_entries))
 
 
-def network_options(args, environ):
+def network_options(args, environ, fault_tolerance=True,
+                    one_host_transport=ONE_HOST_TRANSPORT):
     """mpirun options that decide which network the job uses, where its
     processes listen (see the top of this file) and how it reports a rank
-    that dies."""
+    that dies (`fault_tolerance=False`: the caller chose that already;
+    `one_host_transport`: the transport when every rank shares one host)."""
     options = []
     if ranks_share_one_host(args):
-        options += ONE_HOST_TRANSPORT
-    elif _FAULT_TOLERANCE_VARIABLE not in environ:
+        options += one_host_transport
+    elif fault_tolerance and _FAULT_TOLERANCE_VARIABLE not in environ:
         options += FAULT_TOLERANT_MPI
     if args.network_interfaces:
         interfaces = ",".join(args.network_interfaces)
@@ -428,10 +431,19 @@ def mpirun_command(args, mpirun, environ, euid, cpu_count,
     # Each rank runs its own TensorFlow thread pools; binding a rank to one
     # core would squeeze them all onto it.
     command += ["--bind-to", "none"]
-    command += network_options(args, environ)
+    elastic = launch_elastic.enabled(args)
+    if elastic:
+        command += launch_elastic.FAULT_TOLERANT_RUNTIME
+        command += network_options(
+            args, environ, fault_tolerance=False,
+            one_host_transport=launch_elastic.one_host_transport(args))
+    else:
+        command += network_options(args, environ)
     command += listener_options(args, mpirun, environ, loopback_library)
     if args.output_filename is not None:
         command += ["--output", "file=" + os.path.join(
             args.output_filename, OUTPUT_FILE_PREFIX)]
     command += forwarded_environment(args, environ)
+    if elastic:
+        command += launch_elastic.environment(args)
     return command + list(args.command)

@@ -15,7 +15,7 @@
 #   torch2           torch 1.x -> 2.x (torch.cuda.amp, size_average=)
 #   names            what a name is imported from; which frameworks a
 #                    script uses (a PyTorch-only script gets no Keras edits)
-#   findings         what cannot be ported (elastic, Spark, Ray, TF1
+#   findings         what cannot be ported (Spark, Ray, TF1
 #                    sessions, estimators, Lightning's Horovod strategy),
 #                    with line and suggested path
 # `python -m tfring.migrate PATH...` (see __main__.py) prints a unified diff

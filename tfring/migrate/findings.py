@@ -1,9 +1,8 @@
 # What the porting tool cannot port, with file:line and the suggested path.
 #
-# Why a separate pass: these uses need a person (elastic training, Spark,
-# Ray, TF1 sessions, estimators, PyTorch Lightning's Horovod strategy);
-# rewriting them blindly would produce a
-# script that runs but does something else. The visitor only reads the tree
+# Why a separate pass: these uses need a person (Spark, Ray, TF1 sessions,
+# estimators, PyTorch Lightning's Horovod strategy); rewriting them blindly
+# would produce a script that runs but does something else. The visitor only reads the tree
 # and reports; the rewrites leave these lines alone.
 
 import dataclasses
@@ -38,7 +37,7 @@ _BINDING_PARTS = ("tensorflow", "keras", "torch")
 def unsupported_feature(path):
     """The tfring.unsupported feature a Horovod module path reaches for
     (horovod.spark.keras -> spark, horovod.tensorflow.data.compute_service
-    -> data, horovod.torch.elastic -> elastic), else None. The in-process
+    -> data), else None. The in-process
     launcher `run` is not one: horovod_imports ports it."""
     parts = path.split(".")
     if parts[0] != "horovod":
@@ -82,19 +81,11 @@ _TF1_ADVICE = ("TF2 runs eagerly: call the model directly (or inside a "
                "and tfring.DistributedGradientTape, and broadcast with "
                "tfring.broadcast_variables(model.variables, root_rank=0)")
 # unsupported.FEATURES speaks Keras and tf.data; for Horovod's PyTorch
-# parts (horovod.torch.elastic, horovod.spark.torch, horovod.spark.lightning)
+# parts (horovod.spark.torch, horovod.spark.lightning)
 # the classes and the replacements are others.
 _TORCH_SAMPLER = ("torch.utils.data.distributed.DistributedSampler(dataset, "
                   "num_replicas=hvd.size(), rank=hvd.rank())")
 _TORCH_FEATURES = {
-    "elastic": (
-        "elastic training (hvd.elastic.run, TorchState, ElasticSampler)",
-        "tfring runs a fixed set of ranks. Drop the @hvd.elastic.run "
-        "decorator and hvd.elastic.TorchState, shard the data with "
-        f"{_TORCH_SAMPLER} instead of ElasticSampler, call the training "
-        "function directly, save checkpoints on rank 0 (torch.save of the "
-        "model's and optimizer's state_dict) and restart the job from the "
-        "last one when a host fails"),
     "spark": (
         "Spark integration (TorchEstimator, LightningEstimator)",
         "read the data in every rank with a torch DataLoader over a "
@@ -125,7 +116,7 @@ class FindingsCollector(cst.CSTVisitor):
 
     def _add(self, node, what, suggestion):
         line = self.get_metadata(metadata.PositionProvider, node).start.line
-        # One report per line and cause (hvd.elastic.run holds hvd.elastic).
+        # One report per line and cause (hvd.spark.run holds hvd.spark).
         if (line, suggestion) not in self._seen:
             self._seen.add((line, suggestion))
             self.findings.append(Finding(line, what, suggestion))

@@ -8,7 +8,7 @@
 # `import horovod` is only there for horovod.run(fn, np=N), the in-process
 # launcher: tfring is launched from outside (tfringrun -np N), so the call
 # becomes fn(*args, **kwargs) and the import goes. Imports of Horovod parts
-# tfring does not have (spark, ray, elastic, horovod.tensorflow.data) are
+# tfring does not have (spark, ray, horovod.tensorflow.data) are
 # left as they are and reported by findings.py.
 
 from tfring.migrate._libcst import cst, m
@@ -145,7 +145,7 @@ class HorovodImports(cst.CSTTransformer):
         if not isinstance(updated.names, cst.ImportStar) and any(
                 unsupported_feature(f"{original_path}.{a.name.value}")
                 for a in updated.names):
-            # `from horovod.torch import elastic`: left for findings.py
+            # `from horovod.spark import torch`: left for findings.py
             return updated.with_changes(module=original.module)
         ported = port_module_path(path)
         if ported is None:

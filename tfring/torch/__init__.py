@@ -44,3 +44,4 @@ from tfring.process_sets import (  # noqa: E402,F401
     global_process_set,
     remove_process_set,
 )
+from tfring.torch import elastic  # noqa: E402,F401  (hvd.elastic.run)

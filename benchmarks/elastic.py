@@ -1,0 +1,274 @@
+"""What elastic training costs and how fast it recovers, against torchrun.
+
+    python benchmarks/elastic.py                  # 3 ranks, the whole table
+    python benchmarks/elastic.py --ranks 4 --repeats 3
+
+The same small PyTorch model (an MLP, synthetic data) trains on --ranks
+processes of this machine:
+
+- recovery, tfring: `tfringrun --min-np` with tfring.torch.elastic
+  (TorchState, commit every --commit-every steps); one rank kills itself
+  with SIGKILL at step --kill-step. Recovery is the time from the kill to the
+  first step completed after the reset, on the fastest survivor.
+- recovery, torchrun: `torchrun --standalone` (c10d rendezvous) with
+  `--max-restarts 3` and DistributedDataParallel over Gloo; rank 0 saves a
+  checkpoint every --commit-every steps and the restarted workers load it.
+  Recovery is the time from the kill to the first step completed by the
+  restarted workers.
+- per-step cost of elastic mode: the mean step time of tfringrun with and
+  without the elastic options (no failure), and their ratio. Elastic mode
+  moves data over MPI only (no shared-memory path) and runs Open MPI's
+  fault-tolerant mode.
+- commit(): the time of TorchState.commit() (copies of the model's and
+  optimizer's state) by model size, in one process.
+
+Each worker prints timestamped lines; this script reads them. Every job runs
+under a timeout.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+JOB_TIMEOUT_S = 300
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", choices=["tfring", "torchrun", "commit"],
+                        help="run as one rank of a job (internal)")
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--kill-step", type=int, default=23,
+                        help="the step at which a rank dies (-1: none)")
+    parser.add_argument("--commit-every", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="jobs per measurement (the median is reported)")
+    parser.add_argument("--checkpoint", default="",
+                        help="torchrun worker: the checkpoint file (internal)")
+    return parser.parse_args(argv)
+
+
+# --- the workers -----------------------------------------------------------
+
+def _model_and_data(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 10))
+    x = torch.randn(32, 256)
+    y = torch.randint(0, 10, (32,))
+    return model, x, y
+
+
+def _kill_now(label):
+    import signal
+    print(f"KILL {time.time():.6f} {label}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def tfring_worker(args):
+    import torch
+    torch.set_num_threads(1)
+    import tfring.torch as hvd
+
+    hvd.init()
+    original_rank = hvd.rank()
+    model, x, y = _model_and_data(torch)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    state.register_reset_callbacks(
+        [lambda: print(f"RESET {time.time():.6f} {original_rank}", flush=True)])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < args.steps:
+            if original_rank == args.ranks - 1 and state.step == args.kill_step:
+                _kill_now(original_rank)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            state.step += 1
+            print(f"STEP {time.time():.6f} {original_rank} {state.step}",
+                  flush=True)
+            if state.step % args.commit_every == 0:
+                state.commit()
+
+    train(state)
+
+
+def torchrun_worker(args):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # The agent's store outlives a restart; Gloo's keys of the previous
+    # workers would send the new ones to dead addresses: a prefix per restart.
+    store = dist.PrefixStore(f"restart{restart}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+        is_master=False))
+    dist.init_process_group("gloo", store=store,
+                            rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+    rank = dist.get_rank()
+    model, x, y = _model_and_data(torch)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    step = 0
+    if os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+    while step < args.steps:
+        if restart == 0 and rank == args.ranks - 1 and step == args.kill_step:
+            _kill_now(rank)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        step += 1
+        print(f"STEP {time.time():.6f} {rank} {step} {restart}", flush=True)
+        if step % args.commit_every == 0 and rank == 0:
+            partial = args.checkpoint + ".partial"
+            torch.save({"model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(), "step": step},
+                       partial)
+            os.replace(partial, args.checkpoint)
+    dist.destroy_process_group()
+
+
+def commit_worker(args):
+    import torch
+    torch.set_num_threads(1)
+    import tfring.torch as hvd
+
+    hvd.init()
+    for millions in (1, 10, 50):
+        width = int((millions * 1e6) ** 0.5)
+        model = torch.nn.Linear(width, width, bias=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.randn(1, width)).sum().backward()
+        optimizer.step()  # the momentum buffers exist
+        state = hvd.elastic.TorchState(model, optimizer, step=0)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            state.commit()
+            times.append(time.perf_counter() - start)
+        print(f"COMMIT {millions} {statistics.median(times):.6f}", flush=True)
+
+
+# --- the jobs --------------------------------------------------------------
+
+def _environment():
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1",
+               TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def _run(command):
+    result = subprocess.run(command, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=JOB_TIMEOUT_S, env=_environment(),
+                            cwd=ROOT)
+    return result.stdout
+
+
+def _worker_args(args, kill_step):
+    return ["--ranks", str(args.ranks), "--steps", str(args.steps),
+            "--kill-step", str(kill_step), "--commit-every", str(args.commit_every)]
+
+
+def _tfringrun(args, elastic, kill_step):
+    command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(args.ranks)]
+    if elastic:
+        command += ["--min-np", "1"]
+    return _run(command + [sys.executable, __file__, "--worker", "tfring",
+                           *_worker_args(args, kill_step)])
+
+
+_FIELDS = {"KILL": 2, "RESET": 2, "COMMIT": 2, "STEP": 3}
+
+
+def _lines(output, kind, fields=None):
+    """The fields of every `kind` record (ranks' lines may interleave)."""
+    count = fields or _FIELDS[kind]
+    pattern = rf"\b{kind}((?: [0-9.]+){{{count}}})"
+    return [match.group(1).split() for match in re.finditer(pattern, output)]
+
+
+def _recovery_tfring(output):
+    [kill] = _lines(output, "KILL")
+    killed_at = float(kill[0])
+    resets = {rank: float(t) for t, rank in _lines(output, "RESET")}
+    after = [float(t) for t, rank, _ in _lines(output, "STEP")
+             if rank in resets and float(t) > resets[rank]]
+    if not after:
+        raise RuntimeError("no step completed after the reset:\n" + output[-4000:])
+    return min(after) - killed_at
+
+
+def _recovery_torchrun(args, checkpoint):
+    command = [os.path.join(os.path.dirname(sys.executable), "torchrun"),
+               "--standalone", "--nnodes", "1", "--nproc-per-node", str(args.ranks),
+               "--max-restarts", "3", __file__, "--worker", "torchrun",
+               "--checkpoint", checkpoint, *_worker_args(args, args.kill_step)]
+    output = _run(command)
+    [kill] = _lines(output, "KILL")
+    after = [float(t) for t, _, _, restart in _lines(output, "STEP", 4)
+             if int(restart) > 0]
+    if not after:
+        raise RuntimeError("torchrun restarted no step:\n" + output[-4000:])
+    return min(after) - float(kill[0])
+
+
+def _mean_step(output, skip=10):
+    times = sorted(float(t) for t, rank, _ in _lines(output, "STEP") if rank == "0")
+    steady = times[skip:]
+    return (steady[-1] - steady[0]) / (len(steady) - 1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        {"tfring": tfring_worker, "torchrun": torchrun_worker,
+         "commit": commit_worker}[args.worker](args)
+        return
+    tfring_times, torchrun_times, plain_steps, elastic_steps = [], [], [], []
+    for _ in range(args.repeats):
+        tfring_times.append(_recovery_tfring(_tfringrun(args, True, args.kill_step)))
+        with tempfile.TemporaryDirectory() as folder:
+            torchrun_times.append(
+                _recovery_torchrun(args, os.path.join(folder, "checkpoint.pt")))
+        plain_steps.append(_mean_step(_tfringrun(args, False, -1)))
+        elastic_steps.append(_mean_step(_tfringrun(args, True, -1)))
+    commits = _lines(_run([sys.executable, __file__, "--worker", "commit"]), "COMMIT")
+    recovery, restart = statistics.median(tfring_times), statistics.median(torchrun_times)
+    plain, elastic = statistics.median(plain_steps), statistics.median(elastic_steps)
+    print(f"| measured ({args.ranks} ranks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}) | value |")
+    print("|---|---|")
+    print(f"| recovery after a rank's death, tfring elastic | {recovery:.2f} s |")
+    print(f"| recovery after a rank's death, torchrun --max-restarts (checkpoint every "
+          f"{args.commit_every} steps) | {restart:.2f} s ({restart / recovery:.0f}x) |")
+    print(f"| step time, tfringrun | {plain * 1e3:.1f} ms |")
+    print(f"| step time, tfringrun elastic (no failure) | {elastic * 1e3:.1f} ms "
+          f"({elastic / plain:.2f}x) |")
+    for millions, seconds in commits:
+        print(f"| commit() of a {millions}M-parameter model and its SGD momentum | "
+              f"{float(seconds) * 1e3:.1f} ms |")
+
+
+if __name__ == "__main__":
+    main()

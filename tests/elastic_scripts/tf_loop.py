@@ -1,0 +1,99 @@
+"""A custom TensorFlow training loop under tfring.elastic.run, for
+tests/test_elastic.py.
+
+Usage: tf_loop.py SCENARIO STEPS COMMIT_EVERY KILL_RANK KILL_STEP
+SCENARIO: none, mid_step (KILL_RANK dies with SIGKILL before its
+allreduce at step KILL_STEP), mid_commit (it dies inside commit(), after
+saving, at the commit that ends step KILL_STEP) or during_reset (as
+mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
+survivors rebuilt the job and before the state is synced) or grow (rank 0
+writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
+discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
+ranks at a later commit).
+
+The gradient is the same on every rank, so the average is the same at any
+number of ranks: the final weights must equal the plain recurrence in the
+test, whatever the failures (no lost or repeated step after the rollback),
+provided Average divides by the number of ranks at the time it runs (for
+dense tensors and IndexedSlices alike).
+"""
+import json
+import os
+import signal
+import time
+import socket
+import sys
+
+import tensorflow as tf
+
+import tfring
+import tfring.elastic as elastic
+
+scenario = sys.argv[1]
+steps, commit_every, kill_rank, kill_step = map(int, sys.argv[2:6])
+
+tfring.init()
+original_rank = tfring.rank()
+weights = tf.Variable([1.0, -2.0, 0.5], dtype=tf.float64)
+# Updated by an averaged IndexedSlices (gathered, then divided by the
+# number of ranks): the same at any number of ranks too.
+embedding = tf.Variable(tf.zeros([4], tf.float64))
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CommitDyingState(elastic.TensorFlowState):
+    def commit(self):
+        self.save()
+        if (scenario == "mid_commit" and original_rank == kill_rank
+                and self.step == kill_step):
+            die()
+        self.check_host_updates()
+
+
+state = CommitDyingState([weights, embedding], step=0)
+if scenario == "during_reset" and original_rank == kill_rank - 1:
+    state.register_reset_callbacks([die])
+
+
+# An input of the function, not a constant in it: Grappler would fold a
+# collective of constants when it optimizes the function.
+ROWS = tf.constant([1, 3], tf.int64)
+
+
+@tf.function
+def train_step(step, rows):
+    gradient = 0.01 * weights + 0.001 * tf.cast(step, tf.float64)
+    weights.assign_sub(tfring.allreduce(gradient, op=tfring.Average))
+    rows = tf.IndexedSlices(
+        tf.constant([1.0, 2.0], tf.float64) * 0.01 * tf.cast(step + 1, tf.float64),
+        rows, tf.constant([4], tf.int64))
+    averaged = tfring.allreduce(rows, op=tfring.Average)
+    embedding.scatter_sub(tf.IndexedSlices(averaged.values, averaged.indices))
+
+
+@elastic.run
+def train(state):
+    while state.step < steps:
+        if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
+                and state.step == kill_step):
+            die()
+        if scenario == "grow":
+            if original_rank == 0 and state.step == kill_step:
+                with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
+                    f.write(f"localhost:{kill_rank}\n")
+            time.sleep(0.05)  # time for the discovery script's next run
+        train_step(tf.constant(state.step, tf.int64), ROWS)
+        state.step += 1
+        if state.step % commit_every == 0:
+            state.commit()
+
+
+train(state)
+print("RESULT " + json.dumps({
+    "original_rank": original_rank, "rank": tfring.rank(),
+    "host": socket.gethostname(),
+    "size": tfring.size(), "weights": weights.numpy().tolist(),
+    "embedding": embedding.numpy().tolist()}), flush=True)

@@ -1,0 +1,180 @@
+"""Elastic training (tfring/elastic/, tfringrun's elastic options) with real
+processes: 3 ranks under tfringrun on this machine, one killed with SIGKILL,
+the survivors go on from the last commit. Every run has a timeout that ends
+the whole job."""
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from mpi_launch import launch_command, working_tree_env
+from tfring.launcher import cli as runner
+from tfring.launcher import command as launch_command_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_LOOP = os.path.join(ROOT, "tests", "elastic_scripts", "tf_loop.py")
+JOB_TIMEOUT_S = 480  # a bound for a hang; loaded CI machines need minutes
+STEPS, COMMIT_EVERY = 12, 3
+
+
+def _tfringrun(ranks, min_np, script_args, options=(), **extra_env):
+    """tfringrun of `script_args` with the elastic options, under a timeout
+    that ends every process of the job."""
+    command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
+               "--min-np", str(min_np), *options, sys.executable, *script_args]
+    env = working_tree_env(
+        quiet_tensorflow=True, TF_NUM_INTRAOP_THREADS="1",
+        TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        **extra_env)
+    return launch_command(command, JOB_TIMEOUT_S, env=env, cwd=ROOT)
+
+
+def _results(output):
+    return [json.loads(line.split("RESULT ", 1)[1])
+            for line in output.splitlines() if "RESULT " in line]
+
+
+def _expected_weights(steps):
+    weights = np.array([1.0, -2.0, 0.5])
+    for step in range(steps):
+        weights = weights - (0.01 * weights + 0.001 * step)
+    return weights
+
+
+@pytest.mark.parametrize("scenario,kill_rank,kill_step", [
+    ("mid_step", 0, 7),     # the oldest rank dies: rank 1 becomes rank 0
+    ("mid_commit", 2, 6),   # dies inside commit(), after its own save
+])
+def test_killed_rank_survivors_finish_from_the_last_commit(
+        scenario, kill_rank, kill_step, tmp_path):
+    timeline = tmp_path / "timeline.json"
+    result = _tfringrun(3, 2, [TF_LOOP, scenario, str(STEPS),
+                               str(COMMIT_EVERY), str(kill_rank),
+                               str(kill_step)], TFRING_TIMELINE=str(timeline))
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == sorted(
+        r for r in range(3) if r != kill_rank), result.describe()
+    assert all(r["size"] == 2 for r in results), result.describe()
+    # The oldest survivor is rank 0.
+    ranks = {r["original_rank"]: r["rank"] for r in results}
+    assert ranks[min(ranks)] == 0, result.describe()
+    # Identical on the survivors, and the plain recurrence: no step lost
+    # or repeated, and Average divided by 2 after the reset inside the
+    # tf.function traced at 3 ranks.
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
+    steps_sum = sum(step + 1 for step in range(STEPS))
+    np.testing.assert_allclose(
+        results[0]["embedding"], [0.0, -0.01 * steps_sum, 0.0, -0.02 * steps_sum],
+        rtol=1e-12)
+    if kill_rank != 0:
+        # Rank 0 lived: its timeline goes on across the reset, marked, in
+        # one valid file.
+        with open(timeline) as f:
+            events = json.load(f)["traceEvents"]
+        [reset] = [e for e in events if e["name"] == "elastic reset"]
+        assert reset["args"]["detail"] == "reset 1: 3 ranks before, 2 after"
+        assert any(e.get("ts", 0) > reset["ts"] and e.get("ph") == "X"
+                   for e in events), events
+
+
+def test_a_rank_that_dies_during_the_reset_causes_one_more_reset():
+    result = _tfringrun(4, 2, [TF_LOOP, "during_reset", str(STEPS),
+                               str(COMMIT_EVERY), "3", "7"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
+    assert all(r["size"] == 2 for r in results), result.describe()
+    # Both survivors reset twice.
+    assert result.output.count("saw a failure, resetting") >= 4, result.describe()
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
+
+
+def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("localhost:2\n")
+    steps = 40
+    result = _tfringrun(
+        2, 2, [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
+        options=["--max-np", "3", "-H", "localhost:3",
+                 "--host-discovery-script",
+                 os.path.join(ROOT, "tests", "elastic_scripts",
+                              "discover_hosts.sh")],
+        TFRING_TEST_HOSTS_FILE=str(hosts_file),
+        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 1, 2], result.describe()
+    assert all(r["size"] == 3 for r in results), result.describe()
+    # No rollback: the plain recurrence, and the new rank received it.
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(steps), rtol=1e-12)
+
+
+def test_below_min_np_ends_the_job_with_the_reason():
+    result = _tfringrun(3, 3, [TF_LOOP, "mid_step", str(STEPS),
+                               str(COMMIT_EVERY), "2", "4"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert re.search(r"only 2 ranks are left after a reset, fewer than the "
+                     r"minimum 3 \(--min-np\)", result.output), result.describe()
+    assert "RESULT" not in result.output
+
+
+def _command(argv, cpu_count=8):
+    args = runner.parse_args(argv)
+    return launch_command_line.mpirun_command(args, "/opt/mpi/bin/mpirun", {},
+                                              1000, cpu_count)
+
+
+def test_elastic_options_run_open_mpi_fault_tolerant_and_tell_the_ranks():
+    command = _command(["-np", "4", "--min-np", "2", "--max-np", "6",
+                        "--reset-limit", "3", "python", "train.py"])
+    assert command[command.index("--with-ft") + 1] == "ulfm"
+    for setting in ("TFRING_ELASTIC=1", "TFRING_ELASTIC_MIN_NP=2",
+                    "TFRING_ELASTIC_MAX_NP=6", "TFRING_ELASTIC_RESET_LIMIT=3",
+                    "TFRING_SHM=0", "MPI4PY_RC_FINALIZE=0"):
+        assert setting in command, command
+    assert command[-2:] == ["python", "train.py"]
+    plain = _command(["-np", "4", "python", "train.py"])
+    assert "--with-ft" not in plain and "TFRING_ELASTIC=1" not in plain
+
+
+def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
+    command = _command(["-np", "2", "--max-np", "4", "-H", "localhost:4",
+                        "--host-discovery-script", "hosts.sh", "--slots", "2",
+                        "python", "train.py"])
+    for setting in ("TFRING_ELASTIC=1", "TFRING_ELASTIC_HOSTS=localhost:4",
+                    "TFRING_ELASTIC_SLOTS=2", "TFRING_ELASTIC_DISCOVERY_SCRIPT="
+                    + os.path.abspath("hosts.sh")):
+        assert setting in command, command
+    # Started ranks are another MPI job, which shared memory cannot reach.
+    assert command[command.index("btl") + 1] == "self,sm,tcp", command
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-np", "2", "--min-np", "3"], r"out of order. Expected 1 <= --min-np"),
+    (["-np", "4", "--max-np", "3"], r"out of order"),
+    (["-np", "2", "--min-np", "1", "--reset-limit", "-1"],
+     r"--reset-limit -1 is negative"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
+     r"--blacklist-cooldown-range is not available"),
+    (["-np", "2", "--min-np", "1", "--slots", "2"],
+     r"--slots applies to hosts found by --host-discovery-script"),
+])
+def test_bad_elastic_options_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(argv + ["python", "train.py"])
+    assert re.search(message, capsys.readouterr().err)

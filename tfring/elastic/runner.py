@@ -1,0 +1,124 @@
+# The run loop of `@tfring.elastic.run`: call the training function, and on
+# a failure or a host change rebuild the job and call it again.
+#
+# Why: the user writes one training function that starts from `state`; this
+# loop turns a dead rank into a rollback to the last commit on the
+# survivors (InternalError), and a host change into a reset without
+# rollback (HostsUpdatedInterrupt), as Horovod's elastic run does. It
+# decides whether an exception is a failure by asking the core (a collective
+# that failed because a peer died arrives as the framework's own error type)
+# and MPI (a failure seen by mpi4py while the state was broadcast).
+
+import functools
+import sys
+
+from tfring import _core
+from tfring.elastic import membership as _membership
+from tfring.elastic import settings as _settings
+from tfring.elastic.errors import HostsUpdatedInterrupt, InternalError
+
+
+def _is_failure(error):
+    # Exactly InternalError: front ends derive other errors from it (a
+    # mismatch between ranks), which are no failure of the job.
+    return (type(error) is InternalError or _core.stopped_by_failure()
+            or _membership.is_process_failure(error))
+
+
+def _reason(error):
+    # A framework wraps the core's message ("Graph execution error: ...");
+    # the line that names tfring says why.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for key in ("tfring stopped", "tfring"):
+        for line in lines:
+            if key in line:
+                return line[line.index(key):]
+    return lines[0] if lines else type(error).__name__
+
+
+def _check_limits(members, settings):
+    size = members.comm.Get_size()
+    if settings.reset_limit and members.resets > settings.reset_limit:
+        raise RuntimeError(
+            f"tfring elastic: the job was reset {members.resets} times, more "
+            f"than the reset limit {settings.reset_limit} (--reset-limit). "
+            "Expected the ranks to stay up between resets. Find why ranks "
+            "fail (their output names the cause), or raise --reset-limit.")
+    if size < settings.min_np:
+        raise RuntimeError(
+            f"tfring elastic: only {size} ranks are left after a reset, fewer "
+            f"than the minimum {settings.min_np} (--min-np). Expected at "
+            f"least {settings.min_np} ranks to go on training. Start the job "
+            "again on more hosts, or lower --min-np.")
+
+
+def run_fn(func, before_reset=None):
+    """Wraps `func(state, *args, **kwargs)` in the elastic run loop.
+
+    `before_reset` (optional) runs on every rank before the job is rebuilt,
+    for a front end's own clean-up."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        settings = _settings.from_environment()
+        if not settings.enabled:
+            # Not launched elastic (plain mpirun, tfringrun without the
+            # elastic options): MPI's fault tolerance is off, so there is
+            # nothing to recover with; run once, as Horovod does there.
+            state.sync()
+            return func(state, *args, **kwargs)
+        members = _membership.current()
+        members.start()
+        skip_sync = False
+        while True:
+            failed = False
+            try:
+                if not skip_sync:
+                    state.sync()
+                result = func(state, *args, **kwargs)
+                # Every live rank must have finished: a rank that returns
+                # while another resets would leave it waiting.
+                if members.agree(finished=True):
+                    return result
+                failed = True
+                agreed = True
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+                agreed = False
+            except Exception as e:  # noqa: BLE001 (classified just below)
+                if not _is_failure(e):
+                    raise
+                failed = True
+                agreed = False
+                print(f"tfring elastic: rank {members.comm.Get_rank()} saw a "
+                      f"failure, resetting: {_reason(e)}", file=sys.stderr,
+                      flush=True)
+            if failed:
+                members.revoke()
+                state.restore()
+                skip_sync = False
+            _reset(members, agreed, before_reset)
+            _check_limits(members, settings)
+            state.on_reset()
+
+    return wrapper
+
+
+def _reset(members, agreed, before_reset):
+    """Rebuilds the job over the live ranks, retrying while more ranks
+    fail during the rebuild."""
+    if before_reset is not None:
+        before_reset()
+    if not agreed:
+        members.agree(finished=False)
+    while True:
+        try:
+            members.rebuild()
+            return
+        except Exception as e:  # noqa: BLE001
+            if not _is_failure(e):
+                raise
+            # Another rank died during the rebuild: start over the way every
+            # other live rank does (revoke, agree, shrink).
+            members.revoke()
+            members.agree(finished=False)

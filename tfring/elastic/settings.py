@@ -1,0 +1,48 @@
+# Elastic training's settings, as the launcher passes them to every rank.
+#
+# Why: `tfringrun --min-np/--max-np/--reset-limit/...` decides them once for
+# the job; the ranks read them from their environment here, typed and with
+# Horovod's defaults, and nowhere else.
+
+import dataclasses
+import os
+
+ELASTIC = "TFRING_ELASTIC"
+MIN_NP = "TFRING_ELASTIC_MIN_NP"
+MAX_NP = "TFRING_ELASTIC_MAX_NP"
+RESET_LIMIT = "TFRING_ELASTIC_RESET_LIMIT"
+TIMEOUT = "TFRING_ELASTIC_TIMEOUT"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    enabled: bool = False
+    min_np: int = 1
+    max_np: int = 0  # 0: no upper bound
+    reset_limit: int = 0  # 0: no limit
+    timeout_s: float = 600.0
+
+
+def _int(environ, name, default):
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"tfring elastic: {name}={text!r} is not an integer. Expected a "
+            f"whole number (tfringrun sets it from its options). Fix or unset "
+            f"{name}.") from None
+
+
+def from_environment(environ=None):
+    environ = os.environ if environ is None else environ
+    timeout = environ.get(TIMEOUT, "").strip()
+    return Settings(
+        enabled=environ.get(ELASTIC, "") == "1",
+        min_np=_int(environ, MIN_NP, 1),
+        max_np=_int(environ, MAX_NP, 0),
+        reset_limit=_int(environ, RESET_LIMIT, 0),
+        timeout_s=float(timeout) if timeout else 600.0,
+    )

@@ -1,0 +1,144 @@
+# What elastic training rolls back to and hands to new ranks.
+#
+# Why: after a failure the survivors go back to the last `commit()` (taken in
+# memory, no file), and every rank then receives rank 0's copy, so all go on
+# from the same point. These classes follow Horovod's State/ObjectState:
+# commit() = save() + check_host_updates(); restore() goes back to the last
+# save; sync() makes every rank hold rank 0's state. The framework states
+# (TensorFlow, Keras, PyTorch) build on ObjectState.
+
+import copy
+import queue
+
+from tfring.elastic import discovery
+from tfring.elastic import membership
+from tfring.elastic import settings as _settings
+from tfring.elastic.errors import HostsUpdatedInterrupt
+
+
+def broadcast_object_over_job(obj, root_rank=0):
+    """Rank `root_rank`'s `obj` on every rank, pickled over the job's
+    communicator (no framework needed)."""
+    return membership.current().communicator().bcast(obj, root=root_rank)
+
+
+def _rank():
+    return membership.current().communicator().Get_rank()
+
+
+class State:
+    """The state of a training job that elastic training keeps consistent.
+
+    Subclasses implement save(), restore() and sync(). Callbacks registered
+    with register_reset_callbacks() run after every reset (for example to
+    rescale the learning rate to the new number of ranks)."""
+
+    def __init__(self, bcast_object=broadcast_object_over_job, get_rank=_rank):
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages = queue.Queue()
+        self._last_updated_timestamp = 0
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions called with no arguments after each reset."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        self._host_messages = queue.Queue()
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp, removed_only):
+        """Called on rank 0 when the discovered hosts changed."""
+        self._host_messages.put((timestamp, removed_only))
+
+    def commit(self):
+        """Saves the state in memory (what a failure rolls back to), then
+        checks for host changes: HostsUpdatedInterrupt when there are."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raises HostsUpdatedInterrupt on every rank at once when rank 0
+        learnt of added or removed hosts since the last check."""
+        if _updates_expected():
+            self._check_discovered_hosts()
+            return
+        newest = self._last_updated_timestamp
+        removed_only = True
+        while not self._host_messages.empty():
+            timestamp, removed = self._host_messages.get()
+            newest = max(newest, timestamp)
+            removed_only = removed_only and removed
+        if newest == self._last_updated_timestamp and not _updates_expected():
+            return
+        previous = self._last_updated_timestamp
+        previous, newest, removed_only = self._bcast_object(
+            (previous, newest, removed_only))
+        self._last_updated_timestamp = newest
+        if newest > previous:
+            raise HostsUpdatedInterrupt(skip_sync=removed_only)
+
+    def _check_discovered_hosts(self):
+        # Rank 0 turns the discovery script's newest listing into a plan;
+        # every rank receives it here and raises together.
+        members = membership.current()
+        plan = []
+        if members.comm is not None and members.comm.Get_rank() == 0:
+            hosts = discovery.poller().hosts()
+            if hosts is not None:
+                plan = discovery.growth_plan(
+                    hosts, members.ranks_per_host(), members.comm.Get_size(),
+                    _settings.from_environment().max_np)
+        plan = self._bcast_object(plan)
+        if plan:
+            members.growth = plan
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self):
+        raise NotImplementedError()
+
+    def restore(self):
+        raise NotImplementedError()
+
+    def sync(self):
+        raise NotImplementedError()
+
+    def reset(self):
+        """Called after the ranks changed, before the reset callbacks."""
+
+
+def _updates_expected():
+    # Host changes come from a discovery script; without one, commit()
+    # stays local and costs no communication.
+    return discovery.enabled() and membership.current().comm is not None
+
+
+class ObjectState(State):
+    """State held as attributes: `ObjectState(epoch=0, batch=0)` gives
+    `state.epoch` and `state.batch`, saved and broadcast as Python objects
+    (pickled)."""
+
+    def __init__(self, bcast_object=broadcast_object_over_job, get_rank=_rank,
+                 **kwargs):
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self):
+        self._saved_state = {name: copy.deepcopy(getattr(self, name))
+                             for name in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync(self):
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self):
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))

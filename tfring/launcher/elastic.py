@@ -1,0 +1,128 @@
+# tfringrun's elastic options: Horovod's `--min-np/--max-np/--reset-limit`,
+# and what they change in the mpirun command.
+#
+# Why a module of its own: elastic jobs run Open MPI in its fault-tolerant
+# mode (`--with-ft ulfm`: a rank that dies becomes an error on the
+# survivors' communicators and PRRTE keeps the job running), move data over
+# MPI only (tfring's shared-memory path assumes a fixed set of processes on
+# the host), leave MPI's finalisation to PMIx (tfring/elastic/membership.py),
+# and tell every rank its limits through TFRING_ELASTIC_* variables
+# (tfring/elastic/settings.py).
+
+import os
+
+from tfring.elastic import settings as elastic_settings
+
+# The variables tfring/elastic/discovery.py and membership.py read (named
+# here, not imported: those modules load MPI and the core).
+DISCOVERY_SCRIPT = "TFRING_ELASTIC_DISCOVERY_SCRIPT"
+DISCOVERY_SLOTS = "TFRING_ELASTIC_SLOTS"
+LAUNCH_HOSTS = "TFRING_ELASTIC_HOSTS"
+
+FAULT_TOLERANT_RUNTIME = ["--with-ft", "ulfm"]
+
+
+def add_arguments(parser):
+    group = parser.add_argument_group(
+        "elastic training",
+        "ranks that die are dropped and training goes on over the survivors "
+        "from the last state.commit() (see docs/elastic.md)")
+    group.add_argument(
+        "--min-np", "--min-num-proc", dest="min_np", type=int, default=None,
+        help="end the job when fewer ranks than this remain (turns on "
+             "elastic mode; default: -np)")
+    group.add_argument(
+        "--max-np", "--max-num-proc", dest="max_np", type=int, default=None,
+        help="the most ranks the job may have (turns on elastic mode)")
+    group.add_argument(
+        "--reset-limit", type=int, default=None,
+        help="end the job after more resets than this (default: no limit)")
+    group.add_argument(
+        "--elastic-timeout", type=float, default=None, metavar="SECONDS",
+        help="accepted for Horovod compatibility: a job below --min-np ends "
+             "at once, as no rank can join it")
+    group.add_argument(
+        "--host-discovery-script", default=None,
+        help="a program that prints the usable hosts, one `host:slots` per "
+             "line; rank 0 runs it every second and the job grows onto new "
+             "slots at the next state.commit() (only hosts of -H/--hostfile: "
+             "see docs/elastic.md)")
+    group.add_argument(
+        "--slots", "--slots-per-host", dest="slots", type=int, default=None,
+        help="slots of a discovered host listed without `:slots` (default 1)")
+    group.add_argument(
+        "--blacklist-cooldown-range", type=float, nargs=2, default=None,
+        metavar=("LO", "HI"),
+        help="not available: hosts whose ranks failed are not blacklisted")
+
+
+def one_host_transport(args):
+    """Open MPI's transport for an elastic job on one host: shared memory,
+    and TCP (over loopback) too when ranks may be started into the job: a
+    started rank belongs to another MPI job, which shared memory does not
+    reach."""
+    btl = "self,sm,tcp" if args.host_discovery_script else "self,sm"
+    return ["--mca", "pml", "ob1", "--mca", "btl", btl]
+
+
+def enabled(args):
+    return any(getattr(args, name, None) is not None for name in
+               ("min_np", "max_np", "reset_limit", "elastic_timeout",
+                "host_discovery_script"))
+
+
+def check(args):
+    """Raises ValueError naming the problem with the elastic options."""
+    if getattr(args, "blacklist_cooldown_range", None) is not None:
+        raise ValueError(
+            "--blacklist-cooldown-range is not available: tfring's elastic "
+            "jobs do not blacklist the hosts of failed ranks. Expected the "
+            "discovery script to leave out hosts that should not be used. "
+            "Remove --blacklist-cooldown-range.")
+    if getattr(args, "slots", None) is not None and not getattr(
+            args, "host_discovery_script", None):
+        raise ValueError(
+            "--slots applies to hosts found by --host-discovery-script, but "
+            "no script was given. Expected both or neither. Add "
+            "--host-discovery-script SCRIPT, or remove --slots.")
+    if not enabled(args):
+        return
+    np = args.num_proc
+    min_np = args.min_np if args.min_np is not None else np
+    max_np = args.max_np if args.max_np is not None else np
+    if np is not None and not (1 <= min_np <= np <= max_np):
+        raise ValueError(
+            f"--min-np {min_np}, -np {np} and --max-np {max_np} are out of "
+            "order. Expected 1 <= --min-np <= -np <= --max-np. Fix the "
+            "numbers.")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise ValueError(
+            f"--reset-limit {args.reset_limit} is negative. Expected 0 "
+            "(no limit) or more. Fix the number.")
+
+
+def environment(args):
+    """-x options that tell every rank it runs elastic, and its limits."""
+    np = args.num_proc
+    values = {
+        elastic_settings.ELASTIC: "1",
+        elastic_settings.MIN_NP: args.min_np if args.min_np is not None else np,
+        elastic_settings.MAX_NP: args.max_np if args.max_np is not None else np,
+        elastic_settings.RESET_LIMIT: args.reset_limit or 0,
+        # Shared memory assumes every rank of the host stays (elastic:
+        # MPI only), and MPI_Finalize would wait for dead ranks.
+        "TFRING_SHM": "0",
+        "MPI4PY_RC_FINALIZE": "0",
+    }
+    if args.elastic_timeout is not None:
+        values[elastic_settings.TIMEOUT] = args.elastic_timeout
+    if args.host_discovery_script is not None:
+        values[DISCOVERY_SCRIPT] = os.path.abspath(args.host_discovery_script)
+        values[DISCOVERY_SLOTS] = args.slots or 1
+        values[LAUNCH_HOSTS] = ",".join(
+            f"{host.name}:{host.slots or 1}" for host in args.host_entries
+        ) or f"localhost:{args.num_proc}"
+    options = []
+    for name, value in values.items():
+        options += ["-x", f"{name}={value}"]
+    return options
