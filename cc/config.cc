@@ -53,6 +53,15 @@ bool Parse(const char* knob, const char* variable, const char* text, int64_t max
       }
     }
   }
+  if (std::strcmp(knob, "TFRING_WIRE_COMPRESSION") == 0) {
+    static const char* kNames[] = {"none", "bf16", "fp16"};
+    for (int i = 0; i < 3; ++i) {
+      if (strcasecmp(text, kNames[i]) == 0) {
+        *out = i;
+        return true;
+      }
+    }
+  }
   if (std::strcmp(knob, "TFRING_HIERARCHICAL_ALLREDUCE") == 0 && strcasecmp(text, "auto") == 0) {
     *out = kHierarchicalAuto;
     return true;
