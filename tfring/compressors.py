@@ -2,9 +2,10 @@
 # ctx) before the collective, decompress(tensor, ctx) after it (Horovod's
 # interface, so scripts that pass or define a compressor keep working).
 #
-# Why its own module: the interface and the compressor that changes nothing
-# know no framework; tfring.compression (TensorFlow) and
-# tfring.torch.compression each add their float16 compressor.
+# Why its own module: the interface, the compressor that changes nothing and
+# the wire compressors (which only tell the core how to encode what crosses
+# hosts) know no framework; tfring.compression (TensorFlow) and
+# tfring.torch.compression each add their float16 cast.
 
 
 class Compressor:
@@ -29,3 +30,33 @@ class NoneCompressor(Compressor):
     @staticmethod
     def decompress(tensor, ctx):
         return tensor
+
+
+class WireCompressor(NoneCompressor):
+    """Leaves the tensor as it is and asks the core to encode it where it
+    crosses hosts (`wire`: a name of tfring._core.WireCompression). Ranks of
+    a host reduce in float32, arrivals are summed in float32; applies to
+    float32 Sum/Average allreduces (other tensors move uncompressed), and
+    one host gives exactly the uncompressed result."""
+
+    wire = "none"
+
+
+class BF16WireCompressor(WireCompressor):
+    """Across hosts as bfloat16 (float32's range, 8 bits of mantissa)."""
+
+    wire = "bf16"
+
+
+class FP16WireCompressor(WireCompressor):
+    """Across hosts as float16 scaled per block of 256 values by a power of
+    two, so no finite gradient overflows (11 bits of mantissa)."""
+
+    wire = "fp16"
+
+
+def wire_compression(compression):
+    """The tfring._core.WireCompression that `compression` asks the core for
+    (none for every compressor that is not a WireCompressor)."""
+    from tfring import _core  # the native module, loaded on first use
+    return getattr(_core.WireCompression, getattr(compression, "wire", "none"))

@@ -246,7 +246,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handle = _c.allreduce_async_(compressed, name=name, op=self.op,
                                      prescale_factor=pre,
                                      postscale_factor=post,
-                                     process_set=self.process_set)
+                                     process_set=self.process_set,
+                                     compression=self._compression)
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, group):
@@ -263,7 +264,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             len(group), api_name, self.process_set, check_length=False)
         handle = _c._allreduce_async(
             [c for c, _ in compressed], True, names, self.op, None, pre, post,
-            self.process_set, api_name, single=False)
+            self.process_set, api_name, single=False,
+            compression=self._compression)
         return handle, [ctx for _, ctx in compressed]
 
     def _on_gradient(self, p):
@@ -457,7 +459,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     Each gradient's allreduce starts as soon as backward has produced it;
     step() waits for them. Arguments as in horovod.torch:
       named_parameters: model.named_parameters(), to name the allreduces.
-      compression: Compression.none or Compression.fp16.
+      compression: Compression.none, Compression.fp16 (a cast to float16),
+        or Compression.bf16_wire / fp16_wire (encoded by the core only where
+        gradients cross hosts).
       backward_passes_per_step: backward passes accumulated locally per
         reduction (and per step()).
       op: Average (default), Sum (also Min, Max, Product); Adasum is not
