@@ -61,6 +61,10 @@ bool Parse(const char* knob, const char* variable, const char* text, int64_t max
         return true;
       }
     }
+    if (std::strspn(text, "0123456789") != std::strlen(text) || *text == '\0') {
+      WarnMalformed(variable, text, "none, bf16 or fp16");
+      return false;
+    }
   }
   if (std::strcmp(knob, "TFRING_HIERARCHICAL_ALLREDUCE") == 0 && strcasecmp(text, "auto") == 0) {
     *out = kHierarchicalAuto;
