@@ -102,8 +102,10 @@ class PowerSGD(tf.Module, Compressor):
         shape = gradient.shape
         if shape.rank is None or shape.rank < 2 or not shape.is_fully_defined():
             return None
-        rows = int(shape[0])
-        columns = int(shape.num_elements()) // max(rows, 1)
+        # Keras keeps the output dimension last (Dense (in, out), Conv2D
+        # (h, w, in, out)): the matrix is (everything else) x outputs.
+        columns = int(shape[-1])
+        rows = int(shape.num_elements()) // max(columns, 1)
         rank = min(self.matrix_rank, rows, columns)
         if rank < 1 or not _should_compress(rows, columns, rank, self.min_compression_rate):
             return None
