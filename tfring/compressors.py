@@ -60,3 +60,25 @@ def wire_compression(compression):
     (none for every compressor that is not a WireCompressor)."""
     from tfring import _core  # the native module, loaded on first use
     return getattr(_core.WireCompression, getattr(compression, "wire", "none"))
+
+
+def check_powersgd_arguments(api_name, rank, start_iter):
+    """Raises ValueError unless `rank` (of PowerSGD's approximations) is an
+    integer >= 1 and `start_iter` one >= 0 (both front ends' PowerSGD)."""
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(
+            f"{api_name} received rank={rank!r}. Expected an integer of at "
+            "least 1 (the rank of each gradient's approximation). Pass e.g. "
+            "rank=4.")
+    if not isinstance(start_iter, int) or isinstance(start_iter, bool) or start_iter < 0:
+        raise ValueError(
+            f"{api_name} received start_iter={start_iter!r}. Expected a "
+            "non-negative integer (uncompressed steps before compression "
+            "starts). Pass e.g. start_iter=10.")
+
+
+def powersgd_compresses(rows, columns, rank, min_compression_rate):
+    """Whether PowerSGD sends a rows x columns gradient as rank-`rank`
+    factors: (rows + columns) * rank values must save more than a factor
+    `min_compression_rate` over rows * columns (as DDP's hook decides)."""
+    return (rows + columns) * rank * min_compression_rate < rows * columns

@@ -22,13 +22,9 @@
 import tensorflow as tf
 
 from tfring import collectives
-from tfring.compressors import Compressor
+from tfring.compressors import (
+    Compressor, check_powersgd_arguments, powersgd_compresses)
 from tfring.process_sets import global_process_set
-
-
-def _should_compress(rows, columns, rank, min_compression_rate):
-    """Whether (rows + columns) * rank values save enough over rows * columns."""
-    return (rows + columns) * rank * min_compression_rate < rows * columns
 
 
 class PowerSGD(tf.Module, Compressor):
@@ -60,16 +56,7 @@ class PowerSGD(tf.Module, Compressor):
                  use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0.0, seed=0, name="powersgd"):
         super().__init__(name=name)
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(
-                f"tfring.PowerSGD() received rank={rank!r}. Expected an "
-                "integer of at least 1 (the rank of each gradient's "
-                "approximation). Pass e.g. rank=4.")
-        if not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError(
-                f"tfring.PowerSGD() received start_iter={start_iter!r}. "
-                "Expected a non-negative integer (uncompressed steps before "
-                "compression starts). Pass e.g. start_iter=10.")
+        check_powersgd_arguments("tfring.PowerSGD()", rank, start_iter)
         self.matrix_rank = rank
         self.start_iter = start_iter
         self.min_compression_rate = float(min_compression_rate)
@@ -107,7 +94,7 @@ class PowerSGD(tf.Module, Compressor):
         columns = int(shape[-1])
         rows = int(shape.num_elements()) // max(columns, 1)
         rank = min(self.matrix_rank, rows, columns)
-        if rank < 1 or not _should_compress(rows, columns, rank, self.min_compression_rate):
+        if rank < 1 or not powersgd_compresses(rows, columns, rank, self.min_compression_rate):
             return None
         return rows, columns, rank
 

@@ -15,15 +15,11 @@
 
 import torch
 
-from tfring.compressors import Compressor
+from tfring.compressors import (
+    Compressor, check_powersgd_arguments, powersgd_compresses)
 from tfring.process_sets import global_process_set
 from tfring.torch import collectives as _c
 from tfring.torch.handles import synchronize
-
-
-def _should_compress(rows, columns, rank, min_compression_rate):
-    """Whether (rows + columns) * rank values save enough over rows * columns."""
-    return (rows + columns) * rank * min_compression_rate < rows * columns
 
 
 def _grouped_allreduce(tensors, name, **args):
@@ -44,16 +40,7 @@ class PowerSGD(Compressor):
     def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0,
                  use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0.0, seed=0):
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(
-                f"tfring.torch.PowerSGD() received rank={rank!r}. Expected an "
-                "integer of at least 1 (the rank of each gradient's "
-                "approximation). Pass e.g. rank=4.")
-        if not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError(
-                f"tfring.torch.PowerSGD() received start_iter={start_iter!r}. "
-                "Expected a non-negative integer (uncompressed steps before "
-                "compression starts). Pass e.g. start_iter=10.")
+        check_powersgd_arguments("tfring.torch.PowerSGD()", rank, start_iter)
         self.matrix_rank = rank
         self.start_iter = start_iter
         self.min_compression_rate = float(min_compression_rate)
@@ -94,7 +81,7 @@ class PowerSGD(Compressor):
         rows = gradient.shape[0]
         columns = gradient.numel() // max(rows, 1)
         rank = min(self.matrix_rank, rows, columns)
-        if rank < 1 or not _should_compress(rows, columns, rank, self.min_compression_rate):
+        if rank < 1 or not powersgd_compresses(rows, columns, rank, self.min_compression_rate):
             return None
         return rows, columns, rank
 
