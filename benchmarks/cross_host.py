@@ -49,7 +49,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _namespace_hosts  # noqa: E402
 
-POWERSGD_RANKS = (1, 4, 16)
 DDP_POWERSGD_RANK = 4
 
 
@@ -64,6 +63,8 @@ def parse_args(argv=None):
                         help="timed repetitions per variant (default 5)")
     parser.add_argument("--timeout", type=float, default=900,
                         help="seconds before a job is ended (default 900)")
+    parser.add_argument("--powersgd-ranks", default="1,4,16",
+                        help="PowerSGD ranks to time, comma-separated (default 1,4,16)")
     parser.add_argument("--with-ddp", action="store_true",
                         help="also run the torch DDP (gloo) job; off by default: on "
                              "namespace hosts gloo's ring allreduce stalled here")
@@ -139,7 +140,7 @@ def tfring_worker(args):
                                          f"(largest error {error.max():.3g})")
             variants[f"tfring {path}, {label}"] = lambda fn=fn: fn(inputs)
         if path == "flat":
-            for matrix_rank in POWERSGD_RANKS:
+            for matrix_rank in [int(r) for r in args.powersgd_ranks.split(",") if r]:
                 powersgd = hvd.PowerSGD(rank=matrix_rank, start_iter=0,
                                         name=f"powersgd{matrix_rank}")
                 fn = tf.function(lambda ts, p=powersgd: p.reduce_gradient_list(
@@ -149,12 +150,12 @@ def tfring_worker(args):
                 lambda: comm.Allreduce(MPI.IN_PLACE, flat_buffer)
         _progress(args, rank, f"{path}: timing {', '.join(variants)}")
         times.update(measure(comm, variants, args.repeats))
+        if rank == 0:  # after each path, so a job that times out keeps them
+            with open(args.results_file, "w") as f:
+                json.dump({"times": {k: [float(t) for t in v] for k, v in times.items()}}, f)
         _progress(args, rank, f"{path}: tfring.shutdown()")
         hvd.shutdown()
     _progress(args, rank, "done")
-    if rank == 0:
-        with open(args.results_file, "w") as f:
-            json.dump({"times": {k: [float(t) for t in v] for k, v in times.items()}}, f)
 
 
 # -------------------------------------------------------------- DDP worker --
