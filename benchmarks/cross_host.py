@@ -257,7 +257,8 @@ def orchestrate(args):
         shapes_file = os.path.join(shapes_dir, "shapes.json")
         with open(shapes_file, "w") as f:
             json.dump([list(s) for s in shapes], f)
-        common = ["--shapes-file", shapes_file, "--repeats", str(args.repeats)]
+        common = ["--shapes-file", shapes_file, "--repeats", str(args.repeats),
+                  "--powersgd-ranks", args.powersgd_ranks]
         times = {}
         if args.only in (None, "tfring"):
             print("tfring job ...", flush=True)
