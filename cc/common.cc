@@ -54,6 +54,25 @@ const char* ReduceOpName(ReduceOp op) {
   return "unknown";
 }
 
+const char* WireCompressionName(WireCompression compression) {
+  switch (compression) {
+    case WireCompression::kNone: return "none";
+    case WireCompression::kBf16: return "bf16";
+    case WireCompression::kFp16: return "fp16";
+  }
+  return "unknown";
+}
+
+WireCompression ResolveWireCompression(const Request& request, WireCompression requested,
+                                       WireCompression job_default) {
+  const bool applies = request.type == CollectiveType::kAllreduce &&
+                       request.dtype == DataType::kFloat32 &&
+                       (request.reduce_op == ReduceOp::kSum ||
+                        request.reduce_op == ReduceOp::kAverage);
+  if (!applies) return WireCompression::kNone;
+  return requested != WireCompression::kNone ? requested : job_default;
+}
+
 const char* CollectiveTypeName(CollectiveType type) {
   switch (type) {
     case CollectiveType::kAllreduce: return "allreduce";

@@ -53,6 +53,19 @@ enum class CollectiveType : int32_t {
   kJoin = 5,
 };
 
+// How an allreduce's data is encoded where it crosses hosts. The ranks of a
+// host always reduce in full precision; only the cross-host exchange is
+// encoded, and arrivals are summed in float32. Applies to float32 Sum and
+// Average only (ResolveWireCompression); anything else moves uncompressed.
+enum class WireCompression : int32_t {
+  kNone = 0,
+  kBf16 = 1,  // bfloat16, round to nearest even
+  kFp16 = 2,  // float16 with a power-of-two scale per block (cannot overflow)
+};
+
+// "none", "bf16", "fp16" (the values TFRING_WIRE_COMPRESSION takes).
+TFRING_EXPORT const char* WireCompressionName(WireCompression compression);
+
 // The name under which every rank submits its join.
 inline constexpr char kJoinTensorName[] = "tfring.join";
 
@@ -96,7 +109,17 @@ struct Request {
   // The process set the collective runs in (0: every rank of the job). Ranks
   // in error messages and root_rank are the job's ranks, not the set's.
   int32_t process_set_id = 0;
+  // Allreduce only: the encoding across hosts (resolved at Enqueue with the
+  // job's TFRING_WIRE_COMPRESSION; kNone where it does not apply).
+  WireCompression compression = WireCompression::kNone;
 };
+
+// The compression `request` travels with: `requested` (the front end's
+// choice), else the job's `job_default`, for float32 Sum/Average allreduces;
+// kNone for every other collective, dtype and op.
+TFRING_EXPORT WireCompression ResolveWireCompression(const Request& request,
+                                                     WireCompression requested,
+                                                     WireCompression job_default);
 
 // One tensor of a multi-tensor allreduce (Transport::AllreduceSpans):
 // `count` elements reduced from `input` into `output` (the same buffer, or

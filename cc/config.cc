@@ -53,6 +53,19 @@ bool Parse(const char* knob, const char* variable, const char* text, int64_t max
       }
     }
   }
+  if (std::strcmp(knob, "TFRING_WIRE_COMPRESSION") == 0) {
+    static const char* kNames[] = {"none", "bf16", "fp16"};
+    for (int i = 0; i < 3; ++i) {
+      if (strcasecmp(text, kNames[i]) == 0) {
+        *out = i;
+        return true;
+      }
+    }
+    if (std::strspn(text, "0123456789") != std::strlen(text) || *text == '\0') {
+      WarnMalformed(variable, text, "none, bf16 or fp16");
+      return false;
+    }
+  }
   if (std::strcmp(knob, "TFRING_HIERARCHICAL_ALLREDUCE") == 0 && strcasecmp(text, "auto") == 0) {
     *out = kHierarchicalAuto;
     return true;

@@ -81,6 +81,11 @@ constexpr double kLargestCycleTimeMs = 60000.0;
     "With TFRING_HIERARCHICAL_ALLREDUCE=auto: allreduces (fused batches or single "         \
     "tensors) of at least this many bytes take the hierarchical path; smaller ones stay "  \
     "flat.")                                                                              \
+  X(int64_t, wire_compression, "TFRING_WIRE_COMPRESSION", 0, 2, kJob,                        \
+    "How float32 Sum/Average allreduces cross hosts when the script asks for no "         \
+    "compression: none (or 0, default) as float32; bf16 (1) as bfloat16; fp16 (2) as "     \
+    "float16 scaled per block so it cannot overflow. Ranks of one host always reduce in "  \
+    "float32 and arrivals are summed in float32; one host gives the uncompressed result.") \
   X(int64_t, output_pool_bytes, "TFRING_OUTPUT_POOL_BYTES", 512LL * 1024 * 1024, int64_t{1} << 40, kProcess,     \
     "At most this many bytes of freed collective outputs are kept for reuse, "   \
     "so each step's large outputs do not pay for fresh pages; the least "        \

@@ -39,6 +39,14 @@ class Transport {
   // `op` is kSum, kMin, kMax or kProduct (Average is a scaled Sum).
   virtual Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
+  // Allreduce whose traffic between hosts may be encoded as `compression`
+  // (wire_codec.h); only called with kNone or for float32 kSum. Transports
+  // whose ranks share one host reduce exactly: they ignore it (the default).
+  virtual Status AllreduceWire(const void* input, void* output, int64_t count, DataType dtype,
+                               ReduceOp op, WireCompression compression) {
+    (void)compression;
+    return Allreduce(input, output, count, dtype, op);
+  }
   // Whether AllreduceSpans is this transport's way to reduce several tensors
   // of one dtype: true where it reduces from the tensors' own buffers as
   // cheaply as from one packed buffer (shared memory), so packing would only

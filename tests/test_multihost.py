@@ -170,6 +170,29 @@ def test_keras_digits_trains_across_hosts_as_on_one_host(hosts, tmp_path):
           f"{match.group(1)} in {result.seconds:.0f} s")
 
 
+@pytest.mark.parametrize("job_default, expected_path", [
+    # Per call only: flat over every rank, each rank's data encoded.
+    (None, "mpi"),
+    # Job-wide: float32 inside each host, only the cross-host slices encoded
+    # (the hierarchical transport is built for it).
+    ("fp16", "hierarchical"),
+])
+def test_wire_compression_across_hosts_is_within_bounds(hosts, job_default,
+                                                        expected_path):
+    script = REPO / "tests" / "job_scripts" / "wire_compression_job.py"
+    extra_env = {"TFRING_WIRE_COMPRESSION": job_default} if job_default else None
+    result = _launch(hosts, [("hostA", 2), ("hostB", 2)], "-H",
+                     [sys.executable, str(script)], extra_env=extra_env)
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    reports = [json.loads(line.split(" ", 1)[1])
+               for line in result.output.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3], result.describe()
+    for report in reports:
+        assert report["data_path"] == expected_path, report
+        assert report["failures"] == [], (report["rank"], report["failures"])
+        assert len(report["checks"]) == 16, report
+
+
 def _kill_a_rank_on_the_second_host(hosts, extra_env=None):
     """Runs 4 ranks (2 per host), SIGKILLs rank 3 (on hostB) mid-allreduce;
     returns the result and the seconds from the kill to the job's end."""

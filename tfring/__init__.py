@@ -2,7 +2,7 @@
 # PyTorch: tfring.torch). A script written for horovod.tensorflow runs after
 # changing its import to `import tfring as hvd`. This file only re-exports;
 # each concern lives in its own module (basics, process_sets, collectives,
-# compression, functions, sync_batch_norm, tape, ops, mpi_ops).
+# compression, powersgd, functions, sync_batch_norm, tape, ops, mpi_ops).
 #
 # Why the API loads on first use: the tools in this package (`tfringrun`,
 # `python -m tfring.timeline`) and the PyTorch front end (tfring.torch) never
@@ -39,6 +39,7 @@ for _module, _names in {
     "reduce_args": ["Adasum", "Average", "Max", "Min", "Product", "Sum"],
     "collectives": ["allgather", "allreduce", "broadcast", "grouped_allreduce"],
     "compression": ["Compression"],
+    "powersgd": ["PowerSGD"],
     "joining": ["join"],
     "sync_batch_norm": ["SyncBatchNormalization"],
     "functions": ["allgather_object", "broadcast_", "broadcast_global_variables",

@@ -24,6 +24,7 @@ from tfring import list_agreement
 from tfring import ops as _ops
 from tfring import process_sets as _process_sets
 from tfring.compression import Compression
+from tfring.compressors import wire_compression
 from tfring.process_sets import global_process_set
 
 # Reduction ops and the argument checks shared with tfring.torch live in
@@ -174,13 +175,15 @@ def _allreduce_slices(slices, op, name, device_sparse, membership):
 
 def _allreduce_dense(tensor, op, prescale_factor, postscale_factor, name,
                      compression, device_dense, membership, group=None):
+    wire = int(wire_compression(compression))
     with tf.device(device_dense):
         return compressed_collective(
             compression, tensor,
             lambda compressed: _ops.allreduce_op(
                 compressed, op, prescale_factor=prescale_factor,
                 postscale_factor=postscale_factor, name=name,
-                process_set_id=membership.id, group=group))
+                process_set_id=membership.id, group=group,
+                compression=wire))
 
 
 def compressed_collective(compression, tensor, collective):
@@ -218,7 +221,10 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
         TensorFlow).
       device_sparse: device for the IndexedSlices path ('' leaves
         placement to TensorFlow).
-      compression: Compression.none or Compression.fp16 (dense tensors only).
+      compression: Compression.none, Compression.fp16 (a cast to float16
+        around the reduction), or Compression.bf16_wire / fp16_wire (the
+        core encodes float32 Sum/Average data only where it crosses hosts);
+        dense tensors only.
       op: Average (default), Sum, Min, Max or Product. Average is a sum
         scaled by 1/size() (1/process_set.size() in a set); for integer
         dtypes the core rounds the scaled result toward zero.

@@ -8,7 +8,9 @@
 
 import tensorflow as tf
 
-from tfring.compressors import Compressor, NoneCompressor  # noqa: F401 (re-exported)
+from tfring.compressors import (  # noqa: F401 (re-exported)
+    BF16WireCompressor, Compressor, FP16WireCompressor, NoneCompressor,
+    WireCompressor)
 
 
 class FP16Compressor(Compressor):
@@ -28,7 +30,13 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """The compressors to pass as `compression=`."""
+    """The compressors to pass as `compression=`: `none`; `fp16` casts
+    floating-point tensors to float16 before the collective (Horovod's
+    meaning: the whole reduction then runs in float16); `bf16_wire` and
+    `fp16_wire` leave the tensors as they are and have the core encode only
+    what crosses hosts (docs/compression.md)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16_wire = BF16WireCompressor
+    fp16_wire = FP16WireCompressor

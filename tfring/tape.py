@@ -115,7 +115,16 @@ def reduce_gradients(grads, sources, membership, reduce_args, groups,
         for i in present:
             if isinstance(out[i], tf.IndexedSlices):
                 out[i] = tf.convert_to_tensor(out[i])
-    if present and membership.included:
+    compression = reduce_args.get("compression")
+    if present and membership.included and getattr(
+            compression, "reduces_gradient_lists", False):
+        # PowerSGD (tfring/powersgd.py): the whole list at once, its state
+        # keyed by each gradient's position among the sources.
+        reduced = compression.reduce_gradient_list(
+            [out[i] for i in present], [f"g{i}" for i in present], reduce_args)
+        for i, g in zip(present, reduced):
+            out[i] = g
+    elif present and membership.included:
         parts = partition_positions(groups, present, sources)
         present_grads = [out[i] for i in present]
         if tf.executing_eagerly():

@@ -348,8 +348,9 @@ Status CollectiveExecutor::RunFusedAllreduce(const std::vector<TensorEntry*>& me
     offset += FusionFootprint(bytes);
   }
   MarkPhase(OpPhase::kCopyIn);
-  TFRING_RETURN_IF_ERROR(transport_->Allreduce(buffer, buffer, offset / element_size,
-                                               first.dtype, TransportOp(first.reduce_op)));
+  TFRING_RETURN_IF_ERROR(transport_->AllreduceWire(buffer, buffer, offset / element_size,
+                                                   first.dtype, TransportOp(first.reduce_op),
+                                                   first.compression));
   MarkPhase(OpPhase::kCommunicate);
   offset = 0;
   for (TensorEntry* entry : members) {
@@ -397,8 +398,9 @@ Status CollectiveExecutor::RunDirectAllreduce(TensorEntry& entry) {
     input = entry.buffers.output;
     MarkPhase(OpPhase::kCopyIn);
   }
-  TFRING_RETURN_IF_ERROR(transport_->Allreduce(input, entry.buffers.output, count, request.dtype,
-                                               TransportOp(request.reduce_op)));
+  TFRING_RETURN_IF_ERROR(transport_->AllreduceWire(input, entry.buffers.output, count,
+                                                   request.dtype, TransportOp(request.reduce_op),
+                                                   request.compression));
   MarkPhase(OpPhase::kCommunicate);
   FinishReduction(entry, entry.buffers.output, entry.buffers.output, count);
   MarkPhase(OpPhase::kCopyOut);

@@ -7,8 +7,9 @@ namespace tfring {
 namespace {
 
 // Candidates with the same key may share a batch: one collective call with
-// one dtype and one op (allgathers move bytes, so any dtypes mix).
-using BatchKey = std::tuple<CollectiveType, DataType, ReduceOp>;
+// one dtype, one op and one wire compression (allgathers move bytes, so any
+// dtypes mix).
+using BatchKey = std::tuple<CollectiveType, DataType, ReduceOp, WireCompression>;
 
 bool IsFusibleType(CollectiveType type) {
   return type == CollectiveType::kAllreduce || type == CollectiveType::kAllgather ||
@@ -17,11 +18,11 @@ bool IsFusibleType(CollectiveType type) {
 
 BatchKey KeyOf(const Request& request) {
   if (request.type == CollectiveType::kAllgather) {
-    return {request.type, DataType::kUInt8, ReduceOp::kSum};
+    return {request.type, DataType::kUInt8, ReduceOp::kSum, WireCompression::kNone};
   }
   // Average is a Sum followed by a division per tensor.
   const ReduceOp op = request.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : request.reduce_op;
-  return {request.type, request.dtype, op};
+  return {request.type, request.dtype, op, request.compression};
 }
 
 }  // namespace

@@ -418,6 +418,7 @@ Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done, Submis
   std::shared_ptr<TensorQueue> queue;
   std::shared_ptr<ProcessSetRegistry> registry;
   int size = 0, rank = 0;
+  WireCompression job_compression = WireCompression::kNone;
   {
     std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
     if (!state.loop) return Status::FailedPrecondition(kNotInitialized);
@@ -425,6 +426,7 @@ Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done, Submis
     registry = state.registry;
     size = state.topology.size;
     rank = state.topology.rank;
+    job_compression = static_cast<WireCompression>(state.config.wire_compression);
   }
   const std::string what =
       std::string("tfring ") + CollectiveTypeName(request.type) + " of '" + request.name + "'";
@@ -472,6 +474,7 @@ Status Enqueue(Request request, TensorBuffers buffers, DoneCallback done, Submis
           " on uint8, int8, int32, int64, float16, bfloat16, float32, float64.");
     }
   }
+  request.compression = ResolveWireCompression(request, request.compression, job_compression);
   return queue->Add(TensorEntry{std::move(request), buffers, std::move(done)}, group);
 }
 

@@ -139,7 +139,12 @@ Response BuildResponse(const std::vector<Request>& requests, const std::vector<i
                  kSameProgramFix, &mismatch) ||
         Disagree(requests, "postscale_factor",
                  [](const Request& r) { return FormatNumber(r.postscale_factor); },
-                 kSameProgramFix, &mismatch)) {
+                 kSameProgramFix, &mismatch) ||
+        Disagree(requests, "wire compression",
+                 [](const Request& r) { return std::string(WireCompressionName(r.compression)); },
+                 "Pass the same compression= on every rank (and set TFRING_WIRE_COMPRESSION "
+                 "the same way for every rank).",
+                 &mismatch)) {
       return mismatch;
     }
   }

@@ -14,7 +14,7 @@ bool SameSignature(const Request& a, const Request& b) {
   }
   if (IsReduction(a.type)) {
     return a.reduce_op == b.reduce_op && a.prescale_factor == b.prescale_factor &&
-           a.postscale_factor == b.postscale_factor;
+           a.postscale_factor == b.postscale_factor && a.compression == b.compression;
   }
   if (a.type == CollectiveType::kBroadcast) return a.root_rank == b.root_rank;
   return true;

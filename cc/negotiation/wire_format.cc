@@ -58,10 +58,11 @@ void PutRequest(ByteWriter& writer, const Request& request) {
   writer.Put<double>(request.prescale_factor);
   writer.Put<double>(request.postscale_factor);
   writer.Put<int32_t>(request.rank);
+  writer.Put<int32_t>(static_cast<int32_t>(request.compression));
 }
 
 bool GetRequest(ByteReader& reader, Request* request) {
-  int32_t type, dtype, ndims, reduce_op;
+  int32_t type, dtype, ndims, reduce_op, compression;
   if (!reader.GetString(&request->name) || !reader.Get(&type) || !reader.Get(&dtype) ||
       !reader.Get(&ndims) || ndims < 0) {
     return false;
@@ -74,10 +75,12 @@ bool GetRequest(ByteReader& reader, Request* request) {
   }
   if (!reader.Get(&reduce_op) || !reader.Get(&request->root_rank) ||
       !reader.Get(&request->prescale_factor) || !reader.Get(&request->postscale_factor) ||
-      !reader.Get(&request->rank)) {
+      !reader.Get(&request->rank) || !reader.Get(&compression) || compression < 0 ||
+      compression > static_cast<int32_t>(WireCompression::kFp16)) {
     return false;
   }
   request->reduce_op = static_cast<ReduceOp>(reduce_op);
+  request->compression = static_cast<WireCompression>(compression);
   return true;
 }
 

@@ -13,7 +13,7 @@ Status HierarchicalTransport::Allreduce(const void* input, void* output, int64_t
   const int64_t element_bytes = DataTypeSize(dtype);
   const int local_size = local_->size();
   // Every rank decides from the count alone, so all take the same path.
-  if (count * element_bytes < min_bytes_ || count < local_size) {
+  if (min_bytes_ < 0 || count * element_bytes < min_bytes_ || count < local_size) {
     return flat_->Allreduce(input, output, count, dtype, op);
   }
   TFRING_RETURN_IF_ERROR(local_->Allreduce(input, output, count, dtype, op));
@@ -26,6 +26,30 @@ Status HierarchicalTransport::Allreduce(const void* input, void* output, int64_t
   char* mine = static_cast<char*>(output) + count * me / local_size * element_bytes;
   TFRING_RETURN_IF_ERROR(
       cross_->Allreduce(mine, mine, slice_bytes[me] / element_bytes, dtype, op));
+  return local_->Allgatherv(nullptr, slice_bytes[me], output, slice_bytes);
+}
+
+Status HierarchicalTransport::AllreduceWire(const void* input, void* output, int64_t count,
+                                            DataType dtype, ReduceOp op,
+                                            WireCompression compression) {
+  if (compression == WireCompression::kNone || dtype != DataType::kFloat32 ||
+      op != ReduceOp::kSum) {
+    return Allreduce(input, output, count, dtype, op);
+  }
+  // (1) in float32 inside the host; every rank of the host holds the sum.
+  TFRING_RETURN_IF_ERROR(local_->Allreduce(input, output, count, dtype, op));
+  // (2) slice j across the hosts, encoded on the wire, summed in float32.
+  const int local_size = local_->size();
+  const int me = local_->rank();
+  std::vector<int64_t> slice_bytes(local_size);
+  for (int j = 0; j < local_size; ++j) {
+    slice_bytes[j] = (count * (j + 1) / local_size - count * j / local_size) * sizeof(float);
+  }
+  float* mine = static_cast<float*>(output) + count * me / local_size;
+  TFRING_RETURN_IF_ERROR(cross_sum_.Run(cross_.get(), mine,
+                                        slice_bytes[me] / static_cast<int64_t>(sizeof(float)),
+                                        compression));
+  // (3) the host's ranks gather the slices.
   return local_->Allgatherv(nullptr, slice_bytes[me], output, slice_bytes);
 }
 

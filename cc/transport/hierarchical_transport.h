@@ -14,6 +14,10 @@
 // take this path (three steps cost more than one for small messages);
 // negotiation and every other collective use the flat transport.
 //
+// With wire compression (AllreduceWire), step (2) is a CrossHostSum: only
+// the slices that cross hosts are encoded; every allreduce so asked takes
+// this path, whatever its size.
+//
 // Requires the same number of ranks on every host (the caller checks), so
 // slice j has the same length on every host.
 #ifndef TFRING_CC_TRANSPORT_HIERARCHICAL_TRANSPORT_H_
@@ -23,13 +27,15 @@
 #include <vector>
 
 #include "cc/transport.h"
+#include "cc/transport/cross_host_sum.h"
 
 namespace tfring {
 
 class HierarchicalTransport : public Transport {
  public:
   // `flat`: every rank (borrowed). `local`: this host's ranks. `cross`: the
-  // ranks with this rank's local rank, one per host.
+  // ranks with this rank's local rank, one per host. Uncompressed
+  // allreduces below `min_bytes` stay flat (a negative value: all of them).
   HierarchicalTransport(Transport* flat, std::unique_ptr<Transport> local,
                         std::unique_ptr<Transport> cross, int64_t min_bytes);
 
@@ -45,6 +51,8 @@ class HierarchicalTransport : public Transport {
   Status BroadcastFromRoot(std::string* bytes) override { return flat_->BroadcastFromRoot(bytes); }
   Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                    ReduceOp op) override;
+  Status AllreduceWire(const void* input, void* output, int64_t count, DataType dtype,
+                       ReduceOp op, WireCompression compression) override;
   Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) override {
     return flat_->AllgatherInt64s(local, all);
   }
@@ -69,6 +77,7 @@ class HierarchicalTransport : public Transport {
   const std::unique_ptr<Transport> local_;
   const std::unique_ptr<Transport> cross_;
   const int64_t min_bytes_;
+  CrossHostSum cross_sum_;
 };
 
 }  // namespace tfring

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -297,6 +298,17 @@ Status MpiTransport::Allreduce(const void* input, void* output, int64_t count, D
     TFRING_MPI_CALL(MPI_Allreduce(in, out, chunk, mpi_type, mpi_op, comm_), "MPI_Allreduce");
   }
   return Status::OK();
+}
+
+Status MpiTransport::AllreduceWire(const void* input, void* output, int64_t count,
+                                   DataType dtype, ReduceOp op, WireCompression compression) {
+  const bool spans_hosts = topology_.local_size < topology_.size;
+  if (compression == WireCompression::kNone || dtype != DataType::kFloat32 ||
+      op != ReduceOp::kSum || !spans_hosts) {
+    return Allreduce(input, output, count, dtype, op);
+  }
+  if (input != output) std::memcpy(output, input, count * sizeof(float));
+  return cross_sum_.Run(this, static_cast<float*>(output), count, compression);
 }
 
 Status MpiTransport::AllgatherInt64s(const std::vector<int64_t>& local,

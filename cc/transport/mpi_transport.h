@@ -19,6 +19,7 @@
 
 #include "cc/api.h"
 #include "cc/transport.h"
+#include "cc/transport/cross_host_sum.h"
 
 namespace tfring {
 
@@ -49,6 +50,10 @@ class MpiTransport : public Transport {
   Status BroadcastFromRoot(std::string* bytes) override;
   Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
                    ReduceOp op) override;
+  // Across hosts, a CrossHostSum over every rank (each rank's data crosses
+  // encoded, the ranks of a host included); on one host, exact.
+  Status AllreduceWire(const void* input, void* output, int64_t count, DataType dtype,
+                       ReduceOp op, WireCompression compression) override;
   Status AllgatherInt64s(const std::vector<int64_t>& local, std::vector<int64_t>* all) override;
   Status Allgatherv(const void* input, int64_t input_bytes, void* output,
                     const std::vector<int64_t>& bytes_per_rank) override;
@@ -69,6 +74,7 @@ class MpiTransport : public Transport {
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Group job_group_ = MPI_GROUP_NULL;
   Topology topology_;
+  CrossHostSum cross_sum_;
 };
 
 }  // namespace tfring

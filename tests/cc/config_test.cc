@@ -121,6 +121,29 @@ void EveryKnobHasABound() {
   ClearSettings();
 }
 
+// TFRING_WIRE_COMPRESSION takes its names in any case, or their numbers;
+// anything else keeps the default (none) with a warning.
+void WireCompressionNames() {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"none", "0"}, {"bf16", "1"}, {"FP16", "2"}, {"2", "2"}};
+  for (const auto& [text, value] : cases) {
+    ClearSettings();
+    setenv("TFRING_WIRE_COMPRESSION", text.c_str(), 1);
+    std::string warnings;
+    const Config config = Read(&warnings);
+    EXPECT_TRUE(Entry(config, "TFRING_WIRE_COMPRESSION").value == value && warnings.empty(),
+                text << " read as " << Entry(config, "TFRING_WIRE_COMPRESSION").value << "; "
+                     << warnings);
+  }
+  ClearSettings();
+  setenv("TFRING_WIRE_COMPRESSION", "int8", 1);
+  std::string warnings;
+  const Config config = Read(&warnings);
+  EXPECT_TRUE(config.wire_compression == 0 && Contains(warnings, "TFRING_WIRE_COMPRESSION=int8 is not none, bf16 or fp16"),
+              warnings);
+  ClearSettings();
+}
+
 // nan and inf are refused (before, nan passed the `value < 0` check, and
 // the ranks then reported "nan on this rank but nan on rank 0").
 void NonFiniteNumbersAreRefused() {
@@ -325,6 +348,7 @@ const std::map<std::string, std::function<void()>>& Scenarios() {
       {"tfring_wins_over_horovod", TfringWinsOverHorovod},
       {"unsupported_horovod_variables_are_named", UnsupportedHorovodVariablesAreNamed},
       {"find_horovod_variables", FindHorovodVariables},
+      {"wire_compression_names", WireCompressionNames},
   };
   return *scenarios;
 }

@@ -180,6 +180,7 @@ void TestEveryMismatchKind(int size) {
       {"prescale_factor", [](Request& r) { r.prescale_factor = 2.0; }},
       {"postscale_factor", [](Request& r) { r.postscale_factor = 0.5; }},
       {"collective operation", [](Request& r) { r.type = CollectiveType::kBroadcast; }},
+      {"wire compression", [](Request& r) { r.compression = WireCompression::kBf16; }},
   };
   LoopbackCluster cluster(size, TestConfig());
   OnEveryRank(size, [&](int rank) {
@@ -205,6 +206,49 @@ void TestEveryMismatchKind(int size) {
     EXPECT_TRUE(status.message().find("root rank") != std::string::npos, status.message());
     EXPECT_TRUE(status.message().find("rank 0 submitted 1") != std::string::npos,
                 status.message());
+  });
+}
+
+// Wire compression only encodes what crosses hosts: ranks that share a
+// transport without hosts (here the loopback, as shared memory in a job)
+// get bit-for-bit the uncompressed sums, whether the tensors fuse or run
+// alone, with compressed and uncompressed tensors in the same round.
+void TestWireCompressionOnOneHostIsExact(int size) {
+  Config config = TestConfig();
+  config.direct_threshold = 4096;  // some members fused, the large ones direct
+  LoopbackCluster cluster(size, config);
+  const int64_t lengths[] = {3, 40, 5000, 7};
+  const WireCompression modes[] = {WireCompression::kNone, WireCompression::kBf16,
+                                   WireCompression::kFp16};
+  OnEveryRank(size, [&](int rank) {
+    // Tensor 3g + m holds group g's values, sent with modes[m].
+    std::vector<std::unique_ptr<Submitted>> tensors;
+    for (int i = 0; i < 12; ++i) {
+      const int g = i / 3;
+      std::vector<float> values(lengths[g]);
+      for (int64_t j = 0; j < lengths[g]; ++j) {
+        values[j] = 0.1f * (rank + 1) + 1e-3f * j + (j == 1 ? 1e20f : 0.0f);
+      }
+      Request request = MakeRequest("w" + std::to_string(i), CollectiveType::kAllreduce,
+                                    DataType::kFloat32, {lengths[g]});
+      request.compression = modes[i % 3];
+      if (g % 2 == 1) request.reduce_op = ReduceOp::kAverage;
+      tensors.push_back(Submit(cluster.rank(rank), request, Bytes(values)));
+    }
+    for (int i = 0; i < 12; ++i) {
+      Status status = Await(*tensors[i]);
+      EXPECT_TRUE(status.ok(), status.message());
+    }
+    for (int i = 0; i < 12; ++i) {
+      const int g = i / 3;
+      const std::vector<float> out = Values<float>(tensors[i]->output, lengths[g]);
+      const std::vector<float> plain = Values<float>(tensors[3 * g]->output, lengths[g]);
+      EXPECT_TRUE(std::memcmp(out.data(), plain.data(), lengths[g] * sizeof(float)) == 0,
+                  "tensor " << i << " (" << WireCompressionName(modes[i % 3])
+                            << ") differs from the uncompressed sum");
+      const float expected = (0.1f * size * (size + 1) / 2) / (g % 2 == 1 ? size : 1);
+      EXPECT_TRUE(std::fabs(out[0] - expected) <= 1e-5f * expected, out[0] << " " << expected);
+    }
   });
 }
 
@@ -1377,6 +1421,7 @@ void TestCpuShares(int size) {
 const std::map<std::string, void (*)(int)>& Scenarios() {
   static const std::map<std::string, void (*)(int)> scenarios = {
       {"allreduce_orders", TestAllreduceOrders},
+      {"wire_compression_on_one_host_is_exact", TestWireCompressionOnOneHostIsExact},
       {"small_fusion_threshold", TestSmallFusionThreshold},
       {"cache_steady_state", TestCacheSteadyState},
       {"cache_capacity_costs_nothing_up_front", TestCacheCapacityCostsNothingUpFront},

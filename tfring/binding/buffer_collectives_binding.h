@@ -91,7 +91,8 @@ inline void BindBufferCollectives(pybind11::module_& m) {
       [](CollectiveType type, std::string name, DataType dtype, std::vector<int64_t> shape,
          uintptr_t input, uintptr_t output, ReduceOp reduce_op, double prescale_factor,
          double postscale_factor, int32_t root_rank, int32_t process_set_id,
-         std::vector<int64_t> splits, int64_t group_key, int32_t group_size) {
+         std::vector<int64_t> splits, int64_t group_key, int32_t group_size,
+         WireCompression compression) {
         BufferCollective collective;
         collective.request.name = std::move(name);
         collective.request.type = type;
@@ -102,6 +103,7 @@ inline void BindBufferCollectives(pybind11::module_& m) {
         collective.request.postscale_factor = postscale_factor;
         collective.request.root_rank = root_rank;
         collective.request.process_set_id = process_set_id;
+        collective.request.compression = compression;
         collective.input = input;
         collective.output = output;
         collective.splits = std::move(splits);
@@ -120,7 +122,7 @@ inline void BindBufferCollectives(pybind11::module_& m) {
       py::arg("prescale_factor") = 1.0, py::arg("postscale_factor") = 1.0,
       py::arg("root_rank") = 0, py::arg("process_set_id") = 0,
       py::arg("splits") = std::vector<int64_t>(), py::arg("group_key") = 0,
-      py::arg("group_size") = 1,
+      py::arg("group_size") = 1, py::arg("compression") = WireCompression::kNone,
       "Hands a collective on host memory to the core: `input` (and `output` for allreduce, "
       "broadcast and join) are addresses of contiguous buffers of NumElements(shape) "
       "elements of dtype, which the caller keeps alive until the returned handle completes. "

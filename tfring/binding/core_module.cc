@@ -55,6 +55,13 @@ PYBIND11_MODULE(_core, m) {
       .value("Max", tfring::ReduceOp::kMax)
       .value("Product", tfring::ReduceOp::kProduct);
 
+  py::enum_<tfring::WireCompression>(
+      m, "WireCompression",
+      "How float32 Sum/Average allreduces are encoded where they cross hosts.")
+      .value("none", tfring::WireCompression::kNone)
+      .value("bf16", tfring::WireCompression::kBf16)
+      .value("fp16", tfring::WireCompression::kFp16);
+
   py::enum_<tfring::DataType>(m, "DataType")
       .value("uint8", tfring::DataType::kUInt8)
       .value("int8", tfring::DataType::kInt8)

@@ -41,7 +41,9 @@ from tfring.keras.gradient_aggregation import (GradientReducer,
 _Optimizer = keras.optimizers.Optimizer
 _LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
-_COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
+_COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16,
+                 "bf16_wire": Compression.bf16_wire,
+                 "fp16_wire": Compression.fp16_wire}
 
 
 def _compression_name(compression):
@@ -144,7 +146,8 @@ class DistributedOptimizer(_Optimizer):
     Args:
       optimizer: the keras.optimizers.Optimizer to wrap.
       name: the wrapper's name (default "distributed_" + optimizer.name).
-      compression: tfring.Compression.none or .fp16 (on the wire).
+      compression: tfring.Compression.none, .fp16 (a cast to float16), or
+        .bf16_wire / .fp16_wire (encoded only where it crosses hosts).
       sparse_as_dense: reduce tf.IndexedSlices gradients as dense tensors.
       backward_passes_per_step: sum gradients locally over this many calls
         and reduce and apply them on every such call (others only add to

@@ -83,6 +83,7 @@ PATH = Kind("FILE", "/tmp/out", lambda text, example: os.path.abspath(text))
 TEXT = Kind("SPEC", "", lambda text, example: text)
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
+WIRE_COMPRESSIONS = ("none", "bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +145,10 @@ KNOB_FLAGS = (
              "with --hierarchical-allreduce-auto, the size in MiB from which "
              "allreduces take the hierarchical path", MIB,
              maximum=2 ** 40),
+    KnobFlag(("--wire-compression",), "TFRING_WIRE_COMPRESSION",
+             "how float32 gradients cross hosts when the script asks for "
+             "no compression",
+             TEXT, choices=WIRE_COMPRESSIONS),
     KnobFlag(("--output-pool-bytes",), "TFRING_OUTPUT_POOL_BYTES",
              "bytes of freed collective outputs kept for reuse; 0 disables",
              BYTES, maximum=2 ** 40),

@@ -271,7 +271,7 @@ def _reject_under_xla(what, why):
 
 def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
                  postscale_factor=1.0, name=None, process_set_id=0,
-                 group=None):
+                 group=None, compression=0):
     """Reduces `tensor` element-wise over all ranks; all get the result.
 
     Args:
@@ -287,6 +287,8 @@ def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
       group: (key, size) when this op is one of `size` made by one grouped
         call (key: this process's id of that call); the core then starts
         the group's negotiation once all of them are submitted.
+      compression: a `tfring._core.WireCompression` value: how float32
+        Sum/Average data crosses hosts (0: as TFRING_WIRE_COMPRESSION says).
 
     Returns:
       A tensor of the same shape and dtype as `tensor`.
@@ -298,7 +300,8 @@ def allreduce_op(tensor, reduce_op, prescale_factor=1.0,
                               prescale_factor=float(prescale_factor),
                               postscale_factor=float(postscale_factor),
                               group_key=int(group_key),
-                              group_size=int(group_size))
+                              group_size=int(group_size),
+                              compression=int(compression))
 
 
 def allgather_op(tensor, name=None, process_set_id=0):

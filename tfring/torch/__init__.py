@@ -37,6 +37,7 @@ from tfring.torch.functions import (  # noqa: E402,F401
     broadcast_parameters,
 )
 from tfring.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
+from tfring.torch.powersgd import PowerSGD  # noqa: E402,F401
 from tfring.torch.sync_batch_norm import SyncBatchNorm  # noqa: E402,F401
 from tfring.process_sets import (  # noqa: E402,F401
     ProcessSet,

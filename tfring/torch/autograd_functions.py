@@ -33,12 +33,12 @@ def _set_rank_and_size(process_set):
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor,
-                postscale_factor, process_set):
+                postscale_factor, process_set, compression):
         ctx.args = (average, op, prescale_factor, postscale_factor,
                     process_set)
         return synchronize(_c.allreduce_async(
             tensor, average, name, op, prescale_factor, postscale_factor,
-            process_set))
+            process_set, compression=compression))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -46,7 +46,7 @@ class _Allreduce(torch.autograd.Function):
         grad = allreduce(grad_output.contiguous(), average=average, op=op,
                          prescale_factor=pre, postscale_factor=post,
                          process_set=process_set)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none,
@@ -55,23 +55,26 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none,
     """Reduces `tensor` over the ranks of `process_set` (Average by default)
     and returns the result; the input is not modified. Differentiable.
 
-    compression: Compression.fp16 sends floating-point tensors as float16.
+    compression: Compression.fp16 sends floating-point tensors as float16;
+    Compression.bf16_wire / fp16_wire have the core encode float32
+    Sum/Average data only where it crosses hosts.
     """
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, average, name, op,
-                               prescale_factor, postscale_factor, process_set)
+                               prescale_factor, postscale_factor, process_set,
+                               compression)
     return compression.decompress(reduced, ctx)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor,
-                process_set, *tensors):
+                process_set, compression, *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor,
                     process_set)
         return tuple(synchronize(_c.grouped_allreduce_async(
             list(tensors), average, name, op, prescale_factor,
-            postscale_factor, process_set)))
+            postscale_factor, process_set, compression=compression)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -80,7 +83,7 @@ class _GroupedAllreduce(torch.autograd.Function):
                                   average=average, op=op,
                                   prescale_factor=pre, postscale_factor=post,
                                   process_set=process_set)
-        return (None,) * 6 + tuple(grads)
+        return (None,) * 7 + tuple(grads)
 
 
 def grouped_allreduce(tensors, average=None, name=None,
@@ -93,7 +96,7 @@ def grouped_allreduce(tensors, average=None, name=None,
     compressed = [compression.compress(t) for t in tensors]
     reduced = _GroupedAllreduce.apply(
         average, name, op, prescale_factor, postscale_factor, process_set,
-        *[c for c, _ in compressed])
+        compression, *[c for c, _ in compressed])
     return [compression.decompress(r, ctx)
             for r, (_, ctx) in zip(reduced, compressed)]
 

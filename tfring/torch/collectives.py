@@ -25,6 +25,7 @@ from tfring import process_sets as _process_sets
 from tfring.common import outcome as _outcome
 from tfring.common.naming import CollectiveNames
 from tfring.process_sets import global_process_set
+from tfring.compressors import NoneCompressor, wire_compression
 from tfring.reduce_args import (  # noqa: F401  (horovod.torch's op names)
     Adasum,
     Average,
@@ -214,7 +215,8 @@ def _reduction_args(op, average, prescale_factor, postscale_factor, api_name):
 
 
 def _allreduce_async(tensors, in_place, names, op, average, prescale_factor,
-                     postscale_factor, process_set, api_name, single):
+                     postscale_factor, process_set, api_name, single,
+                     compression=NoneCompressor):
     op, pre, post = _reduction_args(op, average, prescale_factor,
                                     postscale_factor, api_name)
     membership = _membership(process_set, api_name)
@@ -229,34 +231,42 @@ def _allreduce_async(tensors, in_place, names, op, average, prescale_factor,
     return _submit(_CollectiveType.allreduce, names, tensors, dtypes,
                    results, finish, reduce_op=_core.ReduceOp(op),
                    prescale_factor=pre, postscale_factor=post,
-                   process_set_id=membership.id)
+                   process_set_id=membership.id,
+                   compression=wire_compression(compression))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None,
                     prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
+                    process_set=global_process_set,
+                    compression=NoneCompressor):
     """Starts reducing `tensor` over the ranks of `process_set` into a new
     tensor (the input is not modified); returns a handle for synchronize().
 
     op: Average (default), Sum, Min, Max or Product; prescale_factor and
     postscale_factor multiply the values before and after the reduction.
+    compression: Compression.bf16_wire or .fp16_wire have the core encode
+    float32 Sum/Average data where it crosses hosts (other compressors are
+    casts the caller applies: see allreduce()).
     """
     api_name = "allreduce_async"
     return _allreduce_async([tensor], False,
                             [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
-                            process_set, api_name, single=True)
+                            process_set, api_name, single=True,
+                            compression=compression)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None,
                      prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
+                     process_set=global_process_set,
+                     compression=NoneCompressor):
     """allreduce_async() writing the result into `tensor` itself."""
     api_name = "allreduce_async_"
     return _allreduce_async([tensor], True,
                             [_tensor_name("allreduce", name, api_name, process_set)], op,
                             average, prescale_factor, postscale_factor,
-                            process_set, api_name, single=True)
+                            process_set, api_name, single=True,
+                            compression=compression)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -269,7 +279,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None,
                             prescale_factor=1.0, postscale_factor=1.0,
-                            process_set=global_process_set):
+                            process_set=global_process_set,
+                            compression=NoneCompressor):
     """allreduce_async() of a list of tensors negotiated and fused together;
     synchronize() returns the list of results."""
     api_name = "grouped_allreduce_async"
@@ -278,12 +289,13 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
         tensors, False,
         _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
         average, prescale_factor, postscale_factor, process_set, api_name,
-        single=False)
+        single=False, compression=compression)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
                              prescale_factor=1.0, postscale_factor=1.0,
-                             process_set=global_process_set):
+                             process_set=global_process_set,
+                             compression=NoneCompressor):
     """grouped_allreduce_async() writing each result into its input."""
     api_name = "grouped_allreduce_async_"
     tensors = _check_tensor_list(tensors, api_name)
@@ -291,7 +303,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
         tensors, True,
         _grouped_names("grouped_allreduce", name, len(tensors), api_name, process_set), op,
         average, prescale_factor, postscale_factor, process_set, api_name,
-        single=False)
+        single=False, compression=compression)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None,

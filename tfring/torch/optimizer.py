@@ -246,7 +246,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handle = _c.allreduce_async_(compressed, name=name, op=self.op,
                                      prescale_factor=pre,
                                      postscale_factor=post,
-                                     process_set=self.process_set)
+                                     process_set=self.process_set,
+                                     compression=self._compression)
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, group):
@@ -263,7 +264,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             len(group), api_name, self.process_set, check_length=False)
         handle = _c._allreduce_async(
             [c for c, _ in compressed], True, names, self.op, None, pre, post,
-            self.process_set, api_name, single=False)
+            self.process_set, api_name, single=False,
+            compression=self._compression)
         return handle, [ctx for _, ctx in compressed]
 
     def _on_gradient(self, p):
@@ -275,7 +277,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "Increase backward_passes_per_step to accumulate "
                 "gradients locally.")
         self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] > 0:
+        if self._allreduce_delay[p] > 0 or self._reduces_lists():
+            # PowerSGD reduces every gradient at once in synchronize().
             self._handles[p] = (None, None)
             return
         if self._groups is None:
@@ -318,6 +321,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        if self._reduces_lists():
+            self._synchronize_whole_list()
+            return
         started = set()
         for key, (handle, _) in self._handles.items():
             if handle is None:
@@ -359,6 +365,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         if failure is not None:
             raise failure
+        self._synchronized = True
+
+    def _reduces_lists(self):
+        return getattr(self._compression, "reduces_gradient_lists", False)
+
+    def _synchronize_whole_list(self):
+        """synchronize() with a compressor of whole gradient lists (PowerSGD):
+        every parameter's gradient (zeros where this rank has none), in the
+        order of their names, identical on every rank."""
+        params = sorted(self._requires_update, key=lambda q: self._parameter_names[q])
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p.data)
+            elif p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+        pre, post = self._scale_factors()
+        reduced = self._compression.reduce_gradient_list(
+            [p.grad for p in params], [self._parameter_names[p] for p in params],
+            self.op, prescale_factor=pre, postscale_factor=post,
+            process_set=self.process_set)
+        with torch.no_grad():
+            for p, g in zip(params, reduced):
+                p.grad.copy_(g.reshape(p.grad.shape))
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -457,7 +489,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     Each gradient's allreduce starts as soon as backward has produced it;
     step() waits for them. Arguments as in horovod.torch:
       named_parameters: model.named_parameters(), to name the allreduces.
-      compression: Compression.none or Compression.fp16.
+      compression: Compression.none, Compression.fp16 (a cast to float16),
+        Compression.bf16_wire / fp16_wire (encoded by the core only where
+        gradients cross hosts), or a tfring.torch.PowerSGD.
       backward_passes_per_step: backward passes accumulated locally per
         reduction (and per step()).
       op: Average (default), Sum (also Min, Max, Product); Adasum is not

@@ -216,15 +216,32 @@ class AllreduceKernel : public ReductionKernel {
  public:
   explicit AllreduceKernel(OpKernelConstruction* context)
       : ReductionKernel(context, CollectiveType::kAllreduce, "allreduce",
-                        CheckReduceOp) {}
+                        CheckReduceOp) {
+    int32_t compression = 0;
+    OP_REQUIRES_OK(context, context->GetAttr("compression", &compression));
+    OP_REQUIRES(context,
+                compression >= 0 &&
+                    compression <= static_cast<int32_t>(WireCompression::kFp16),
+                absl::InvalidArgumentError(
+                    "tfring allreduce: compression attr " +
+                    std::to_string(compression) +
+                    " is not a wire compression; expected 0 (none), 1 (bf16) "
+                    "or 2 (fp16). Pass a tfring.Compression member instead of "
+                    "a number."));
+    compression_ = static_cast<WireCompression>(compression);
+  }
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
     Request request;
     OP_REQUIRES_OK_ASYNC(context,
                          DescribeReduction(context->input(0), &request), done);
+    request.compression = compression_;
     EnqueueWithOutputLikeInput(context, std::move(request), std::move(done));
   }
+
+ private:
+  WireCompression compression_ = WireCompression::kNone;
 };
 
 class AllgatherKernel : public CollectiveKernel {

@@ -81,6 +81,9 @@ REGISTER_OP("Tfring>Allreduce")
     // know how many they are: the core wakes its thread once for them all.
     .Attr("group_key: int = 0")
     .Attr("group_size: int = 1")
+    // A tfring WireCompression value (none=0, bf16=1, fp16=2): how a float32
+    // Sum/Average crosses hosts; 0 leaves it to TFRING_WIRE_COMPRESSION.
+    .Attr("compression: int = 0")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 
 REGISTER_OP("Tfring>Allgather")

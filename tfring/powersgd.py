@@ -1,0 +1,202 @@
+# PowerSGD: low-rank gradient compression with error feedback (Vogels,
+# Karimireddy and Jaggi, NeurIPS 2019), for DistributedGradientTape and the
+# Keras DistributedOptimizer.
+#
+# Why: between hosts the network bounds data-parallel training. A matrix
+# gradient M (n x m) is sent as two thin factors, P = M Q (n x r) and
+# Q = M^T P (m x r): (n + m) r values instead of n m. What the
+# approximation misses on this rank is kept (error feedback) and added to
+# the next step's gradient, so nothing is lost, only delayed. The semantics
+# follow PyTorch DDP's powerSGD_hook, which users know: rank r, warm-started
+# Q (one power iteration per step), per-rank error feedback, vectors and
+# tensors too small to gain sent uncompressed, `start_iter` steps of plain
+# allreduce first, P orthogonalised between the two allreduces.
+#
+# How: built on grouped_allreduce (two per step: the P factors together
+# with the uncompressed gradients, then the Q factors), so the core fuses
+# each round. The state (step, Q and error of each gradient) is tf.Variables
+# of this tf.Module: a tf.train.Checkpoint that holds the PowerSGD object
+# saves and restores it (restoration waits until the first step creates the
+# variables).
+
+import tensorflow as tf
+
+from tfring import collectives
+from tfring.compressors import (
+    Compressor, check_powersgd_arguments, powersgd_compresses)
+from tfring.process_sets import global_process_set
+
+
+class PowerSGD(tf.Module, Compressor):
+    """Pass as `compression=` to tfring.DistributedGradientTape or
+    tfring.keras.DistributedOptimizer (one PowerSGD object per model).
+
+    Args:
+      rank: the rank r of each gradient's approximation (1 to a few dozen;
+        higher is closer to the exact average and sends more).
+      start_iter: steps of plain (uncompressed) allreduce before compression
+        starts, as DDP's start_powerSGD_iter; error feedback starts with it.
+      min_compression_rate: a gradient is compressed only when that divides
+        its traffic by more than this; others (and every vector) are
+        averaged uncompressed.
+      use_error_feedback: keep what the approximation missed and add it to
+        the next step's gradient (recommended).
+      warm_start: start each step's power iteration from the last step's Q
+        (else from a fresh random Q, the same on every rank).
+      orthogonalization_epsilon: added to the norms when orthogonalising P
+        (0 as in DDP; a small value guards all-zero columns).
+      seed: the seed of the initial random Q (identical on every rank).
+    """
+
+    # tfring.tape.reduce_gradients hands the whole gradient list to
+    # reduce_gradient_list() instead of reducing tensor by tensor.
+    reduces_gradient_lists = True
+
+    def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0,
+                 use_error_feedback=True, warm_start=True,
+                 orthogonalization_epsilon=0.0, seed=0, name="powersgd"):
+        super().__init__(name=name)
+        check_powersgd_arguments("tfring.PowerSGD()", rank, start_iter)
+        self.matrix_rank = rank
+        self.start_iter = start_iter
+        self.min_compression_rate = float(min_compression_rate)
+        self.use_error_feedback = bool(use_error_feedback)
+        self.warm_start = bool(warm_start)
+        self.epsilon = float(orthogonalization_epsilon)
+        self.seed = int(seed)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        # Per gradient position ("g<i>"): Q (columns x r) and the error.
+        self.factors = {}
+        self.errors = {}
+
+    # A PowerSGD object reduces whole gradient lists; as a per-tensor
+    # compressor (tfring.allreduce(compression=...)) it would send nothing
+    # compressed, so that use is refused.
+    @staticmethod
+    def compress(tensor):
+        raise TypeError(
+            "tfring.PowerSGD compresses the gradients of a whole model, not "
+            "one tensor: it received a single tensor from a collective. Pass "
+            "it as compression= to tfring.DistributedGradientTape or "
+            "tfring.keras.DistributedOptimizer, or use "
+            "tfring.Compression.bf16_wire for a single allreduce.")
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+    def _matrix_shape(self, gradient):
+        shape = gradient.shape
+        if shape.rank is None or shape.rank < 2 or not shape.is_fully_defined():
+            return None
+        # Keras keeps the output dimension last (Dense (in, out), Conv2D
+        # (h, w, in, out)): the matrix is (everything else) x outputs.
+        columns = int(shape[-1])
+        rows = int(shape.num_elements()) // max(columns, 1)
+        rank = min(self.matrix_rank, rows, columns)
+        if rank < 1 or not powersgd_compresses(rows, columns, rank, self.min_compression_rate):
+            return None
+        return rows, columns, rank
+
+    def _state(self, key, gradient, rows, columns, rank):
+        """The Q and error variables of gradient `key` (made on first use,
+        outside any tf.function, so a traced step may create them)."""
+        if key not in self.factors:
+            with tf.init_scope():
+                initial_q = tf.random.stateless_normal(
+                    (columns, rank), seed=[self.seed, len(self.factors)],
+                    dtype=gradient.dtype)
+                self.factors[key] = tf.Variable(initial_q, trainable=False,
+                                                name=f"q_{key}")
+                self.errors[key] = tf.Variable(
+                    tf.zeros((rows, columns), gradient.dtype), trainable=False,
+                    name=f"error_{key}")
+        return self.factors[key], self.errors[key]
+
+    def _orthogonalize(self, p):
+        """Gram-Schmidt on P's columns (as DDP's hook)."""
+        columns = []
+        for i in range(p.shape[1]):
+            column = p[:, i]
+            for done in columns:
+                column -= tf.reduce_sum(done * column) * done
+            columns.append(column / (tf.norm(column) + self.epsilon))
+        return tf.stack(columns, axis=1)
+
+    def reduce_gradient_list(self, grads, keys, reduce_args):
+        """The average of `grads` (dense tensors; `keys` name their
+        positions, stable across steps) over the ranks of
+        reduce_args["process_set"], with the settings of `reduce_args`
+        (op, scale factors)."""
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        shapes = [self._matrix_shape(g) for g in grads]
+        states = [self._state(k, g, *s) if s is not None else None
+                  for k, g, s in zip(keys, grads, shapes)]
+        op = reduce_args.get("op", collectives.Average)
+        args = dict(op=op, process_set=reduce_args.get("process_set", global_process_set),
+                    prescale_factor=reduce_args.get("prescale_factor", 1.0),
+                    postscale_factor=reduce_args.get("postscale_factor", 1.0))
+
+        def plain():
+            return collectives.grouped_allreduce(grads, name=f"{self.name}.plain", **args)
+
+        def compressed():
+            return self._compressed(grads, shapes, states, args)
+
+        if tf.executing_eagerly():
+            reduced = plain() if int(self.step.numpy()) < self.start_iter else compressed()
+        else:
+            reduced = tf.cond(self.step < self.start_iter, plain, compressed)
+        with tf.control_dependencies([tf.identity(r) for r in reduced]):
+            self.step.assign_add(1)
+        return [tf.identity(r) for r in reduced]
+
+    def _compressed(self, grads, shapes, states, args):
+        matrices, ps = {}, {}
+        for i, (g, shape, state) in enumerate(zip(grads, shapes, states)):
+            if shape is None:
+                continue
+            rows, columns, rank = shape
+            q_var, error = state
+            m = tf.reshape(g, (rows, columns))
+            if self.use_error_feedback:
+                m = m + error
+            q = q_var if self.warm_start else tf.random.stateless_normal(
+                (columns, rank), seed=tf.stack([tf.cast(self.seed, tf.int64), self.step]),
+                dtype=g.dtype)
+            matrices[i] = m
+            ps[i] = tf.matmul(m, q)
+        # Round 1: the P factors and the uncompressed gradients together.
+        # P's scale does not matter (it is orthogonalised); Average keeps it
+        # in range.
+        plain_positions = [i for i, s in enumerate(shapes) if s is None]
+        first = ([grads[i] for i in plain_positions]
+                 + [ps[i] for i in sorted(ps)])
+        first_reduced = collectives.grouped_allreduce(
+            first, name=f"{self.name}.p", **args) if first else []
+        out = list(grads)
+        for i, r in zip(plain_positions, first_reduced):
+            out[i] = r
+        p_reduced = dict(zip(sorted(ps), first_reduced[len(plain_positions):]))
+        if not ps:
+            return out
+        # Round 2: Q = M^T P per rank, averaged: P Q^T then approximates the
+        # average of the ranks' M (a Sum is that times the set's size).
+        p_orthogonal = {i: self._orthogonalize(p) for i, p in p_reduced.items()}
+        qs = [tf.matmul(matrices[i], p_orthogonal[i], transpose_a=True) for i in sorted(ps)]
+        q_reduced = collectives.grouped_allreduce(
+            qs, name=f"{self.name}.q", op=collectives.Average,
+            process_set=args["process_set"])
+        scale = (float(args["process_set"].size()) if int(args["op"]) == int(collectives.Sum)
+                 else 1.0)
+        updates = []
+        for i, q in zip(sorted(ps), q_reduced):
+            approximation = tf.matmul(p_orthogonal[i], q, transpose_b=True)
+            q_var, error = states[i]
+            if self.use_error_feedback:
+                updates.append(error.assign(matrices[i] - approximation))
+            if self.warm_start:
+                updates.append(q_var.assign(q))
+            out[i] = tf.reshape(approximation * scale, grads[i].shape)
+        with tf.control_dependencies(updates):
+            return [tf.identity(t) for t in out]
