@@ -26,7 +26,9 @@ bazel build --noshow_progress "${targets[@]}"
 if compgen -G "tests/cc/*.cc" >/dev/null; then
   tests=(//tests/cc:core_logic_test //tests/cc:free_buffer_cache_test
          //tests/cc:autotune_test //tests/cc:shm_collectives_test
-         //tests/cc:config_test //tests/cc:output_file_test)
+         //tests/cc:config_test //tests/cc:output_file_test
+         //tests/cc:wire_compression_test_size1 //tests/cc:wire_compression_test_size2
+         //tests/cc:wire_compression_test_size4)
   echo "[bazel] bazel test ${tests[*]}"
   bazel test --noshow_progress "${tests[@]}"
 else
