@@ -62,6 +62,51 @@ def wire_compression(compression):
     return getattr(_core.WireCompression, getattr(compression, "wire", "none"))
 
 
+class PowerSGDSettings(Compressor):
+    """What every front end's PowerSGD is configured with (the names of
+    DDP's PowerSGDState), checked once here. A PowerSGD object reduces whole
+    gradient lists (the optimizer or tape hands it the list), so as a
+    per-tensor compressor of one collective it is refused."""
+
+    # The tape / optimizer hands the whole gradient list to
+    # reduce_gradient_list() instead of reducing tensor by tensor.
+    reduces_gradient_lists = True
+    # Set by each front end: its public name, where it may be passed, and
+    # the wire compressor to use for a single allreduce instead.
+    api_name = "tfring.PowerSGD"
+    accepted_by = "tfring.DistributedGradientTape"
+    wire_alternative = "tfring.Compression.bf16_wire"
+
+    def _configure(self, rank, start_iter, min_compression_rate,
+                   use_error_feedback, warm_start, orthogonalization_epsilon,
+                   seed):
+        check_powersgd_arguments(f"{self.api_name}()", rank, start_iter)
+        self.matrix_rank = rank
+        self.start_iter = start_iter
+        self.min_compression_rate = float(min_compression_rate)
+        self.use_error_feedback = bool(use_error_feedback)
+        self.warm_start = bool(warm_start)
+        self.epsilon = float(orthogonalization_epsilon)
+        self.seed = int(seed)
+
+    def compresses(self, rows, columns, rank):
+        """Whether a rows x columns gradient goes as rank-`rank` factors."""
+        return rank >= 1 and powersgd_compresses(
+            rows, columns, rank, self.min_compression_rate)
+
+    @classmethod
+    def compress(cls, tensor):
+        raise TypeError(
+            f"{cls.api_name} compresses the gradients of a whole model, not "
+            "one tensor: it received a single tensor from a collective. Pass "
+            f"it as compression= to {cls.accepted_by}, or use "
+            f"{cls.wire_alternative} for a single allreduce.")
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
 def check_powersgd_arguments(api_name, rank, start_iter):
     """Raises ValueError unless `rank` (of PowerSGD's approximations) is an
     integer >= 1 and `start_iter` one >= 0 (both front ends' PowerSGD)."""

@@ -22,12 +22,11 @@
 import tensorflow as tf
 
 from tfring import collectives
-from tfring.compressors import (
-    Compressor, check_powersgd_arguments, powersgd_compresses)
+from tfring.compressors import PowerSGDSettings
 from tfring.process_sets import global_process_set
 
 
-class PowerSGD(tf.Module, Compressor):
+class PowerSGD(tf.Module, PowerSGDSettings):
     """Pass as `compression=` to tfring.DistributedGradientTape or
     tfring.keras.DistributedOptimizer (one PowerSGD object per model).
 
@@ -48,42 +47,22 @@ class PowerSGD(tf.Module, Compressor):
       seed: the seed of the initial random Q (identical on every rank).
     """
 
-    # tfring.tape.reduce_gradients hands the whole gradient list to
-    # reduce_gradient_list() instead of reducing tensor by tensor.
-    reduces_gradient_lists = True
+    api_name = "tfring.PowerSGD"
+    accepted_by = ("tfring.DistributedGradientTape or "
+                   "tfring.keras.DistributedOptimizer")
+    wire_alternative = "tfring.Compression.bf16_wire"
 
     def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0,
                  use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0.0, seed=0, name="powersgd"):
         super().__init__(name=name)
-        check_powersgd_arguments("tfring.PowerSGD()", rank, start_iter)
-        self.matrix_rank = rank
-        self.start_iter = start_iter
-        self.min_compression_rate = float(min_compression_rate)
-        self.use_error_feedback = bool(use_error_feedback)
-        self.warm_start = bool(warm_start)
-        self.epsilon = float(orthogonalization_epsilon)
-        self.seed = int(seed)
+        self._configure(rank, start_iter, min_compression_rate,
+                        use_error_feedback, warm_start,
+                        orthogonalization_epsilon, seed)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         # Per gradient position ("g<i>"): Q (columns x r) and the error.
         self.factors = {}
         self.errors = {}
-
-    # A PowerSGD object reduces whole gradient lists; as a per-tensor
-    # compressor (tfring.allreduce(compression=...)) it would send nothing
-    # compressed, so that use is refused.
-    @staticmethod
-    def compress(tensor):
-        raise TypeError(
-            "tfring.PowerSGD compresses the gradients of a whole model, not "
-            "one tensor: it received a single tensor from a collective. Pass "
-            "it as compression= to tfring.DistributedGradientTape or "
-            "tfring.keras.DistributedOptimizer, or use "
-            "tfring.Compression.bf16_wire for a single allreduce.")
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
     def _matrix_shape(self, gradient):
         shape = gradient.shape
@@ -94,7 +73,7 @@ class PowerSGD(tf.Module, Compressor):
         columns = int(shape[-1])
         rows = int(shape.num_elements()) // max(columns, 1)
         rank = min(self.matrix_rank, rows, columns)
-        if rank < 1 or not powersgd_compresses(rows, columns, rank, self.min_compression_rate):
+        if not self.compresses(rows, columns, rank):
             return None
         return rows, columns, rank
 

@@ -15,8 +15,7 @@
 
 import torch
 
-from tfring.compressors import (
-    Compressor, check_powersgd_arguments, powersgd_compresses)
+from tfring.compressors import PowerSGDSettings
 from tfring.process_sets import global_process_set
 from tfring.torch import collectives as _c
 from tfring.torch.handles import synchronize
@@ -26,7 +25,7 @@ def _grouped_allreduce(tensors, name, **args):
     return list(synchronize(_c.grouped_allreduce_async(tensors, name=name, **args)))
 
 
-class PowerSGD(Compressor):
+class PowerSGD(PowerSGDSettings):
     """Pass as `compression=` to tfring.torch.DistributedOptimizer (one
     PowerSGD object per optimizer). Arguments as DDP's PowerSGDState:
     `rank` (matrix_approximation_rank), `start_iter` (start_powerSGD_iter),
@@ -34,35 +33,19 @@ class PowerSGD(Compressor):
     `orthogonalization_epsilon`, `seed` (of the initial random Q, identical on
     every rank)."""
 
-    # The optimizer hands the whole gradient list to reduce_gradient_list().
-    reduces_gradient_lists = True
+    api_name = "tfring.torch.PowerSGD"
+    accepted_by = "tfring.torch.DistributedOptimizer"
+    wire_alternative = "tfring.torch.Compression.bf16_wire"
 
     def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0,
                  use_error_feedback=True, warm_start=True,
                  orthogonalization_epsilon=0.0, seed=0):
-        check_powersgd_arguments("tfring.torch.PowerSGD()", rank, start_iter)
-        self.matrix_rank = rank
-        self.start_iter = start_iter
-        self.min_compression_rate = float(min_compression_rate)
-        self.use_error_feedback = bool(use_error_feedback)
-        self.warm_start = bool(warm_start)
-        self.epsilon = float(orthogonalization_epsilon)
-        self.seed = int(seed)
+        self._configure(rank, start_iter, min_compression_rate,
+                        use_error_feedback, warm_start,
+                        orthogonalization_epsilon, seed)
         self.step = 0
         self.factors = {}  # parameter name -> Q (columns x r)
         self.errors = {}   # parameter name -> this rank's error (rows x columns)
-
-    @staticmethod
-    def compress(tensor):
-        raise TypeError(
-            "tfring.torch.PowerSGD compresses the gradients of a whole model, "
-            "not one tensor: it received a single tensor from a collective. "
-            "Pass it as compression= to tfring.torch.DistributedOptimizer, or "
-            "use tfring.torch.Compression.bf16_wire for a single allreduce.")
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
     def state_dict(self):
         return {"step": self.step,
@@ -81,7 +64,7 @@ class PowerSGD(Compressor):
         rows = gradient.shape[0]
         columns = gradient.numel() // max(rows, 1)
         rank = min(self.matrix_rank, rows, columns)
-        if rank < 1 or not powersgd_compresses(rows, columns, rank, self.min_compression_rate):
+        if not self.compresses(rows, columns, rank):
             return None
         return rows, columns, rank
 
