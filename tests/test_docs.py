@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import mxnet_env
 from error_messages import raised_messages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,29 +48,51 @@ def _run_python(code):
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout
 
 
-def test_api_reference_covers_every_public_name(site):
-    # A package's public names: its __all__, else what it binds that tfring
-    # defines (the reduce ops are plain ints, defined by tfring too).
-    public = json.loads(_run_python(
-        "import importlib, inspect, json\n"
-        "out = {}\n"
-        "for name in ('tfring', 'tfring.keras', 'tfring.keras.callbacks',\n"
-        "             'tfring.torch'):\n"
-        "    m = importlib.import_module(name)\n"
-        "    names = getattr(m, '__all__', None) or [\n"
-        "        n for n, v in vars(m).items() if isinstance(v, int)\n"
-        "        or (getattr(v, '__module__', None) or '').startswith('tfring')]\n"
-        "    out[name] = [n for n in names if not n.startswith('_')\n"
-        "                 and not inspect.ismodule(getattr(m, n))]\n"
-        "print(json.dumps(out))"))
-    pages = {"tfring": "api/tfring", "tfring.keras": "api/keras",
-             "tfring.keras.callbacks": "api/callbacks",
-             "tfring.torch": "api/torch"}
+# A package's public names: its __all__, else what it binds that tfring
+# defines (the reduce ops are plain ints, defined by tfring too).
+_PUBLIC_NAMES = (
+    "import importlib, inspect, json, sys\n"
+    "out = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    m = importlib.import_module(name)\n"
+    "    names = getattr(m, '__all__', None) or [\n"
+    "        n for n, v in vars(m).items() if isinstance(v, int)\n"
+    "        or (getattr(v, '__module__', None) or '').startswith('tfring')]\n"
+    "    out[name] = [n for n in names if not n.startswith('_')\n"
+    "                 and not inspect.ismodule(getattr(m, n))]\n"
+    "print(json.dumps(out))")
+API_PAGES = {"tfring": "api/tfring", "tfring.keras": "api/keras",
+             "tfring.keras.callbacks": "api/callbacks", "tfring.torch": "api/torch",
+             "tfring.mxnet": "api/mxnet"}
+
+
+def _assert_pages_document(site, public):
     for module, names in public.items():
-        html = _page(site, pages[module])
+        page = API_PAGES[module]
+        html = _page(site, page)
         missing = [n for n in names if f'id="{module}.{n}"' not in html]
-        assert not missing, f"{pages[module]} does not document {missing}"
+        assert not missing, f"{page} does not document {missing}"
         assert names, module
+
+
+def test_api_reference_covers_every_public_name(site):
+    main_environment = [m for m in API_PAGES if m != "tfring.mxnet"]
+    public = json.loads(subprocess.run(
+        [sys.executable, "-c", _PUBLIC_NAMES, *main_environment], cwd=ROOT,
+        capture_output=True, text=True, check=True, timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout)
+    _assert_pages_document(site, public)
+
+
+@pytest.mark.skipif(not mxnet_env.available(), reason=mxnet_env.MISSING_REASON)
+def test_mxnet_api_reference_covers_every_public_name(site, tmp_path):
+    # tfring.mxnet imports only in the MXNet environment (tests/mxnet_env.py).
+    overlay = mxnet_env.make_overlay(tmp_path)
+    public = json.loads(subprocess.run(
+        [str(mxnet_env.PYTHON), "-c", _PUBLIC_NAMES, "tfring.mxnet"], cwd=overlay,
+        capture_output=True, text=True, check=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(overlay))).stdout)
+    _assert_pages_document(site, public)
 
 
 def test_environment_page_lists_every_knob_with_its_default(site):

@@ -1,7 +1,8 @@
 """Griffe extension: what tfring's package files re-export is public API.
 
 Why: `tfring/__init__.py`, `tfring/keras/__init__.py`,
-`tfring/keras/callbacks/__init__.py` and `tfring/torch/__init__.py` only
+`tfring/keras/callbacks/__init__.py`, `tfring/torch/__init__.py` and
+`tfring/mxnet/__init__.py` only
 re-export names defined in the modules that own them. Griffe treats an imported name as private unless the
 module lists it in `__all__`, so the API reference would show none of them.
 This extension marks every such re-export public (a name without a leading
@@ -20,7 +21,12 @@ import griffe
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PACKAGES = ("tfring", "tfring.keras", "tfring.keras.callbacks", "tfring.torch")
+PACKAGES = ("tfring", "tfring.keras", "tfring.keras.callbacks", "tfring.torch",
+            "tfring.mxnet")
+# Read statically only: importing them needs a framework the docs
+# environment may lack (MXNet has an environment of its own), and they load
+# eagerly, so they have no lazy `_API` table.
+STATIC_ONLY = ("tfring.mxnet",)
 
 
 class PublicReexports(griffe.Extension):
@@ -55,6 +61,8 @@ class PublicReexports(griffe.Extension):
 
 def _lazy_api(path):
     """{public name: defining submodule} of a package that loads lazily."""
+    if path in STATIC_ONLY:
+        return {}
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     return dict(getattr(importlib.import_module(path), "_API", {}))

@@ -51,6 +51,11 @@ def test_bad_arguments(size):
         hvd.broadcast(mx.nd.zeros((1,)), root_rank=size)
     with pytest.raises(ValueError, match="reducescatter does not implement"):
         hvd.reducescatter(mx.nd.zeros((size,)), op=hvd.Max)
+    scalar = mx.nd.array(1.0)
+    with pytest.raises(ValueError, match=r"scalar NDArray.*at least one dimension.*reshape"):
+        hvd.reducescatter(scalar)
+    with pytest.raises(ValueError, match=r"scalar NDArray.*at least one dimension.*reshape"):
+        hvd.grouped_reducescatter([mx.nd.zeros((size,)), scalar])
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.allreduce(mx.nd.zeros((1,)), op=hvd.Adasum)
     with pytest.raises(TypeError, match="Expected a str"):

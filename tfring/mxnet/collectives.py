@@ -314,6 +314,14 @@ def _reducescatter(arrays, tensor_names, op, prescale_factor, postscale_factor,
             "which reducescatter does not implement. Expected Average or Sum. Pass "
             "op=hvd.Average or op=hvd.Sum.")
     dtypes = [_nd.check_array(a, api_name, reduction=True) for a in arrays]
+    for array in arrays:
+        if array.shape == ():
+            # Refused here, as horovod.mxnet does, rather than by the core's
+            # negotiation: the mistake is this rank's own.
+            raise ValueError(
+                f"{api_name} received a scalar NDArray, but reducescatter divides "
+                "dimension 0 between the ranks. Expected an NDArray with at least one "
+                "dimension. Reshape it first, e.g. array.reshape((1,)).")
     pending = _submit(_CollectiveType.reducescatter, tensor_names, arrays, dtypes, None,
                       **fields)
     return [_nd.from_core_output(p, a.dtype) for p, a in zip(pending, arrays)]
