@@ -87,8 +87,8 @@ Response ScalarRejected(const Request& request) {
                            " of tensor '" + request.name +
                            "': the tensor is a scalar, but " + CollectiveTypeName(request.type) +
                            " divides dimension 0 between the ranks, so it needs at least one "
-                           "dimension. Reshape it, e.g. tf.reshape(x, [1]) (every rank passed a "
-                           "scalar).";
+                           "dimension. Reshape it to shape [1] before the call (every rank passed "
+                           "a scalar).";
   return response;
 }
 
