@@ -35,6 +35,7 @@ each rank was.
 
 import argparse
 import json
+import math
 import os
 import re
 import socket
@@ -190,7 +191,14 @@ def ddp_worker(args):
             return sum((p * scale).sum() for p in self.tensors)
 
     def make(hook):
-        model = torch.nn.parallel.DistributedDataParallel(GradientSet())
+        # powerSGD_hook waits for allreduces inside its future callbacks,
+        # which run on gloo's two worker threads: with two buckets whose
+        # callbacks ran at once, both threads waited for allreduces that only
+        # they could run, and DDP stalled. One bucket for the whole set keeps
+        # one thread free.
+        one_bucket_mb = sum(math.prod(s) for s in torch_shapes) * 4 / 2**20 + 1
+        model = torch.nn.parallel.DistributedDataParallel(
+            GradientSet(), bucket_cap_mb=one_bucket_mb if hook else None)
         if hook:
             state = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=DDP_POWERSGD_RANK,
@@ -204,7 +212,7 @@ def ddp_worker(args):
         return step
 
     variants = {"torch DDP gloo, fp32": make(False),
-                f"torch DDP gloo, PowerSGD hook r={DDP_POWERSGD_RANK}": make(True)}
+                f"torch DDP gloo, PowerSGD hook r={DDP_POWERSGD_RANK}, one bucket": make(True)}
     _progress(args, rank, "DDP: timing")
     times = measure(comm, variants, args.repeats)
     _progress(args, rank, "done")
