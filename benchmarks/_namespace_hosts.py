@@ -19,7 +19,7 @@ What the model leaves out, and what it puts back:
     (coll/han, which it picks for a communicator spanning hosts with
     several ranks on each) hands every 64 KiB segment between the ranks of
     a host: each hand-off waited for a spinning rank's time slice, and a
-    flat allreduce of 64-98 MiB took 13-45 s while the filter never once
+    flat allreduce of 64-98 MiB took 13-48 s while the filter never once
     had to hold a packet back. So the ranks yield while they wait
     (OMPI_MCA_mpi_yield_when_idle=1 unless set), as tfring asks for where
     it starts MPI itself; the benchmark workers start MPI through mpi4py.
