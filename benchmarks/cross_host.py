@@ -22,10 +22,10 @@ Two jobs run on the same hosts, one after the other:
     (fp32 exactly; bf16/fp16 within their bounds).
   * with --with-ddp: torch DDP with gloo on the same gradient set (as
     parameters in torch's layout), plain and with DDP's powerSGD_hook
-    (rank 4): the time of backward(), which returns when DDP's allreduces
-    are done. Off by default: on this machine's namespace hosts gloo's ring
-    allreduce stalled (a rank waiting to receive forever), so the job ends
-    at --timeout, saying where each rank was.
+    (rank 4; the whole set in one DDP bucket, because the hook blocks a gloo
+    worker thread per bucket and two buckets stalled DDP): the time of
+    backward(), which returns when DDP's allreduces are done. Off by
+    default (it adds a few minutes).
 Times are the slowest rank's per repetition; medians and minimums, and the
 speed-up over the link limit: the time a host's link needs to move its share
 of a float32 ring allreduce of the set, 2 (H - 1) / H x S bytes at the link
@@ -35,6 +35,7 @@ each rank was.
 
 import argparse
 import json
+import math
 import os
 import re
 import socket
@@ -66,8 +67,7 @@ def parse_args(argv=None):
     parser.add_argument("--powersgd-ranks", default="1,4,16",
                         help="PowerSGD ranks to time, comma-separated (default 1,4,16)")
     parser.add_argument("--with-ddp", action="store_true",
-                        help="also run the torch DDP (gloo) job; off by default: on "
-                             "namespace hosts gloo's ring allreduce stalled here")
+                        help="also run the torch DDP (gloo) job (a few minutes more)")
     parser.add_argument("--only", choices=("tfring", "ddp"),
                         help="run only the tfring or the torch DDP job")
     parser.add_argument("--shapes-file", help="(worker) the gradient set's shapes")
@@ -190,7 +190,14 @@ def ddp_worker(args):
             return sum((p * scale).sum() for p in self.tensors)
 
     def make(hook):
-        model = torch.nn.parallel.DistributedDataParallel(GradientSet())
+        # powerSGD_hook waits for allreduces inside its future callbacks,
+        # which run on gloo's two worker threads: with two buckets whose
+        # callbacks ran at once, both threads waited for allreduces that only
+        # they could run, and DDP stalled. One bucket for the whole set keeps
+        # one thread free.
+        one_bucket_mb = sum(math.prod(s) for s in torch_shapes) * 4 / 2**20 + 1
+        model = torch.nn.parallel.DistributedDataParallel(
+            GradientSet(), bucket_cap_mb=one_bucket_mb if hook else None)
         if hook:
             state = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=DDP_POWERSGD_RANK,
@@ -204,7 +211,7 @@ def ddp_worker(args):
         return step
 
     variants = {"torch DDP gloo, fp32": make(False),
-                f"torch DDP gloo, PowerSGD hook r={DDP_POWERSGD_RANK}": make(True)}
+                f"torch DDP gloo, PowerSGD hook r={DDP_POWERSGD_RANK}, one bucket": make(True)}
     _progress(args, rank, "DDP: timing")
     times = measure(comm, variants, args.repeats)
     _progress(args, rank, "done")
