@@ -58,20 +58,20 @@ if scenario == "during_reset" and original_rank == kill_rank - 1:
     state.register_reset_callbacks([die])
 
 
-# An input of the function, not a constant in it: Grappler would fold a
-# collective of constants when it optimizes the function.
-ROWS = tf.constant([1, 3], tf.int64)
-
-
 @tf.function
-def train_step(step, rows):
+def train_step(step):
     gradient = 0.01 * weights + 0.001 * tf.cast(step, tf.float64)
     weights.assign_sub(tfring.allreduce(gradient, op=tfring.Average))
+    # Constants in the function: the collectives must still run at every
+    # call (not be constant-folded when the function is optimized), or the
+    # gathered rows and this count would keep the size the function was
+    # first run at.
     rows = tf.IndexedSlices(
         tf.constant([1.0, 2.0], tf.float64) * 0.01 * tf.cast(step + 1, tf.float64),
-        rows, tf.constant([4], tf.int64))
+        tf.constant([1, 3], tf.int64), tf.constant([4], tf.int64))
     averaged = tfring.allreduce(rows, op=tfring.Average)
     embedding.scatter_sub(tf.IndexedSlices(averaged.values, averaged.indices))
+    return tfring.allreduce(tf.constant(1, tf.int32), op=tfring.Sum)
 
 
 @elastic.run
@@ -85,7 +85,10 @@ def train(state):
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
                     f.write(f"localhost:{kill_rank}\n")
             time.sleep(0.05)  # time for the discovery script's next run
-        train_step(tf.constant(state.step, tf.int64), ROWS)
+        ranks = int(train_step(tf.constant(state.step, tf.int64)))
+        if ranks != tfring.size():
+            raise AssertionError(f"a Sum of 1 on every rank gave {ranks} at "
+                                 f"size {tfring.size()}")
         state.step += 1
         if state.step % commit_every == 0:
             state.commit()
