@@ -9,7 +9,8 @@ mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
 survivors rebuilt the job and before the state is synced) or grow (rank 0
 writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
 discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
-ranks at a later commit).
+ranks at a later commit) or rewrite_hosts (as grow, writing
+$TFRING_TEST_NEW_HOSTS instead: hosts it leaves out lose their ranks).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -80,10 +81,11 @@ def train(state):
         if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
                 and state.step == kill_step):
             die()
-        if scenario == "grow":
+        if scenario in ("grow", "rewrite_hosts"):
             if original_rank == 0 and state.step == kill_step:
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
-                    f.write(f"localhost:{kill_rank}\n")
+                    f.write(f"localhost:{kill_rank}\n" if scenario == "grow"
+                            else os.environ["TFRING_TEST_NEW_HOSTS"])
             time.sleep(0.05)  # time for the discovery script's next run
         ranks = int(train_step(tf.constant(state.step, tf.int64)))
         if ranks != tfring.size():

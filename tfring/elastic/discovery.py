@@ -2,9 +2,10 @@
 #
 # Why: rank 0 alone runs the user's script (one `host:slots` line per
 # usable host), in a background thread so training never waits for it, and
-# turns a change into a plan: how many ranks to start on which host. The
-# plan reaches every rank at the next commit() (State.check_host_updates),
-# where they all raise HostsUpdatedInterrupt together. Jobs without a script
+# turns a change into a plan: how many ranks to start on which host, and
+# which hosts' ranks leave (hosts no longer listed). The plan reaches every
+# rank at the next commit() (State.check_host_updates), where they all raise
+# HostsUpdatedInterrupt together. Jobs without a script
 # pay nothing: commit() then stays local.
 
 import os
@@ -45,6 +46,12 @@ def growth_plan(discovered, ranks_per_host, size, max_np):
             plan.append((host, free))
             room -= free
     return plan
+
+
+def removed_hosts(discovered, ranks_per_host):
+    """The hosts running ranks of the job that the listing no longer has,
+    sorted."""
+    return sorted(host for host in ranks_per_host if host not in discovered)
 
 
 class Discovery:

@@ -4,7 +4,8 @@
 # Why: the user writes one training function that starts from `state`; this
 # loop turns a dead rank into a rollback to the last commit on the
 # survivors (InternalError), and a host change into a reset without
-# rollback (HostsUpdatedInterrupt), as Horovod's elastic run does. It
+# rollback (HostsUpdatedInterrupt), as Horovod's elastic run does; the ranks
+# of a host no longer discovered leave there. It
 # decides whether an exception is a failure by asking the core (a collective
 # that failed because a peer died arrives as the framework's own error type)
 # and MPI (a failure seen by mpi4py while the state was broadcast).
@@ -98,10 +99,22 @@ def run_fn(func, before_reset=None):
                 state.restore()
                 skip_sync = False
             _reset(members, agreed, before_reset)
+            if members.left:
+                _leave(members)
             _check_limits(members, settings)
             state.on_reset()
 
     return wrapper
+
+
+def _leave(members):
+    """Ends a rank of a host the discovery script no longer lists: the
+    others went on without it, so it exits cleanly (status 0), without
+    running the rest of the training script."""
+    print(f"tfring elastic: the host discovery script no longer lists host "
+          f"{members.host()}; its rank leaves the job, which goes on without "
+          "it.", file=sys.stderr, flush=True)
+    raise SystemExit(0)
 
 
 def _reset(members, agreed, before_reset):
