@@ -16,6 +16,8 @@ from tfring.launcher import command as launch_command_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_LOOP = os.path.join(ROOT, "tests", "elastic_scripts", "tf_loop.py")
+DISCOVER_HOSTS = os.path.join(ROOT, "tests", "elastic_scripts",
+                              "discover_hosts.sh")
 JOB_TIMEOUT_S = 480  # a bound for a hang; loaded CI machines need minutes
 STEPS, COMMIT_EVERY = 12, 3
 
@@ -107,9 +109,7 @@ def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
     result = _tfringrun(
         2, 2, [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
         options=["--max-np", "3", "-H", "localhost:3",
-                 "--host-discovery-script",
-                 os.path.join(ROOT, "tests", "elastic_scripts",
-                              "discover_hosts.sh")],
+                 "--host-discovery-script", DISCOVER_HOSTS],
         TFRING_TEST_HOSTS_FILE=str(hosts_file),
         TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
     assert not result.timed_out, result.describe()
@@ -130,6 +130,24 @@ def test_below_min_np_ends_the_job_with_the_reason():
     assert result.returncode != 0, result.describe()
     assert re.search(r"only 2 ranks are left after a reset, fewer than the "
                      r"minimum 3 \(--min-np\)", result.output), result.describe()
+    assert "RESULT" not in result.output
+
+
+def test_below_min_np_waits_for_discovered_slots_until_the_timeout(tmp_path):
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("localhost:2\n")  # no free slot after the death
+    result = _tfringrun(
+        3, 3, [TF_LOOP, "mid_step", str(STEPS), str(COMMIT_EVERY), "2", "4"],
+        options=["-H", "localhost:3", "--elastic-timeout", "2",
+                 "--host-discovery-script", DISCOVER_HOSTS],
+        TFRING_TEST_HOSTS_FILE=str(hosts_file),
+        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert re.search(r"only 2 ranks are left after a reset, and the host "
+                     r"discovery script listed no free slots for the 1 more "
+                     r"that the minimum 3 \(--min-np\) needs within 2 s "
+                     r"\(--elastic-timeout\)", result.output), result.describe()
     assert "RESULT" not in result.output
 
 

@@ -88,6 +88,11 @@ class Discovery:
             time.sleep(self._interval_s)
 
 
+def interval_s():
+    """Seconds between two runs of the script."""
+    return float(os.environ.get(INTERVAL, "") or 1.0)
+
+
 _poller = None
 
 
@@ -97,5 +102,5 @@ def poller():
     if _poller is None and enabled():
         _poller = Discovery(os.environ[SCRIPT],
                             int(os.environ.get(SLOTS, "") or 1),
-                            float(os.environ.get(INTERVAL, "") or 1.0))
+                            interval_s())
     return _poller

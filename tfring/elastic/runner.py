@@ -14,7 +14,9 @@ import functools
 import sys
 
 from tfring import _core
+from tfring.elastic import discovery as _discovery
 from tfring.elastic import membership as _membership
+from tfring.elastic import refill as _refill
 from tfring.elastic import settings as _settings
 from tfring.elastic.errors import HostsUpdatedInterrupt, InternalError
 
@@ -45,6 +47,16 @@ def _check_limits(members, settings):
             f"than the reset limit {settings.reset_limit} (--reset-limit). "
             "Expected the ranks to stay up between resets. Find why ranks "
             "fail (their output names the cause), or raise --reset-limit.")
+    if size < settings.min_np and _discovery.enabled():
+        raise RuntimeError(
+            f"tfring elastic: only {size} ranks are left after a reset, and "
+            f"the host discovery script listed no free slots for the "
+            f"{settings.min_np - size} more that the minimum "
+            f"{settings.min_np} (--min-np) needs within "
+            f"{settings.timeout_s:g} s (--elastic-timeout). Expected the "
+            "script to list enough usable slots (hosts of the launch's "
+            "-H/--hostfile). Make more hosts usable, raise --elastic-timeout, "
+            "or lower --min-np.")
     if size < settings.min_np:
         raise RuntimeError(
             f"tfring elastic: only {size} ranks are left after a reset, fewer "
@@ -101,6 +113,8 @@ def run_fn(func, before_reset=None):
             _reset(members, agreed, before_reset)
             if members.left:
                 _leave(members)
+            if _refill.refill_to_min_np(members, settings):
+                skip_sync = False  # the started ranks need the state
             _check_limits(members, settings)
             state.on_reset()
 

@@ -39,8 +39,9 @@ def add_arguments(parser):
         help="end the job after more resets than this (default: no limit)")
     group.add_argument(
         "--elastic-timeout", type=float, default=None, metavar="SECONDS",
-        help="accepted for Horovod compatibility: a job below --min-np ends "
-             "at once, as no rank can join it")
+        help="with --host-discovery-script: how long a job below --min-np "
+             "waits for the script to list enough free slots before it ends "
+             "(default 600); without a script such a job ends at once")
     group.add_argument(
         "--host-discovery-script", default=None,
         help="a program that prints the usable hosts, one `host:slots` per "
