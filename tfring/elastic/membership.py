@@ -27,6 +27,7 @@ from tfring import _elastic_communicator
 from tfring import _running
 from tfring import basics
 from tfring import process_sets as _process_sets
+from tfring.elastic import blacklist as _blacklist
 from tfring.elastic import discovery
 from tfring.elastic.errors import InternalError
 
@@ -107,6 +108,11 @@ class Membership:
         # job at the next reset, and `left` is then True on them.
         self.leaving_hosts = set()
         self.left = False
+        # Hosts where ranks died: no new ranks there (for a cooldown with
+        # --blacklist-cooldown-range). Every rank keeps it, so the one that
+        # becomes rank 0 after a failure has it too.
+        self.blacklist = _blacklist.HostBlacklist(
+            _blacklist.cooldown_range_from_environment(os.environ))
         self._host = None
         self._finish_registered = False
 
@@ -203,6 +209,7 @@ class Membership:
             _running.set_shut_down(True)
         survivors = self.comm.Shrink()
         survivors.Set_errhandler(MPI.ERRORS_RETURN)
+        self._blacklist_hosts_of_dead_ranks(survivors)
         if self.leaving_hosts:
             survivors = self._without_leaving_hosts(survivors)
             if survivors is None:
@@ -228,6 +235,19 @@ class Membership:
             "elastic reset", f"reset {self.resets}: {old_size} ranks before, "
             f"{survivors.Get_size()} after")
         self._learn_hosts()
+
+    def _blacklist_hosts_of_dead_ranks(self, survivors):
+        """Adds the hosts of the ranks of the job's communicator that
+        `survivors` (its shrunk copy) lacks to the blacklist."""
+        if len(self.rank_hosts) != self.comm.Get_size():
+            return  # no discovery script: no hosts known
+        MPI = _mpi()
+        alive = set(MPI.Group.Translate_ranks(
+            survivors.Get_group(), list(range(survivors.Get_size())),
+            self.comm.Get_group()))
+        for rank, host in enumerate(self.rank_hosts):
+            if rank not in alive:
+                self.blacklist.add(host)
 
     def _without_leaving_hosts(self, comm):
         """The ranks of `comm` outside the leaving hosts, in their order, as

@@ -43,7 +43,8 @@ def _decide(members, settings, deadline):
     hosts = discovery.poller().hosts()
     plan = []
     if hosts is not None:
-        plan = discovery.growth_plan(hosts, members.ranks_per_host(),
+        plan = discovery.growth_plan(members.blacklist.usable(hosts),
+                                     members.ranks_per_host(),
                                      members.comm.Get_size(), settings.max_np)
     size = members.comm.Get_size() + sum(count for _, count in plan)
     if size >= settings.min_np:

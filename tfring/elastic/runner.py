@@ -50,13 +50,14 @@ def _check_limits(members, settings):
     if size < settings.min_np and _discovery.enabled():
         raise RuntimeError(
             f"tfring elastic: only {size} ranks are left after a reset, and "
-            f"the host discovery script listed no free slots for the "
+            f"the host discovery script listed no usable free slots for the "
             f"{settings.min_np - size} more that the minimum "
             f"{settings.min_np} (--min-np) needs within "
             f"{settings.timeout_s:g} s (--elastic-timeout). Expected the "
-            "script to list enough usable slots (hosts of the launch's "
-            "-H/--hostfile). Make more hosts usable, raise --elastic-timeout, "
-            "or lower --min-np.")
+            "script to list enough free slots on hosts of the launch's "
+            "-H/--hostfile where no rank died (those get no new ranks, for "
+            "good or for --blacklist-cooldown-range). Make more hosts usable, "
+            "raise --elastic-timeout, or lower --min-np.")
     if size < settings.min_np:
         raise RuntimeError(
             f"tfring elastic: only {size} ranks are left after a reset, fewer "

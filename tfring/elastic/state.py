@@ -94,7 +94,8 @@ class State:
                 ranks_per_host = members.ranks_per_host()
                 removed = discovery.removed_hosts(hosts, ranks_per_host)
                 plan = discovery.growth_plan(
-                    hosts, ranks_per_host, members.comm.Get_size(),
+                    members.blacklist.usable(hosts), ranks_per_host,
+                    members.comm.Get_size(),
                     _settings.from_environment().max_np)
         plan, removed = self._bcast_object((plan, removed))
         if plan or removed:
