@@ -12,6 +12,7 @@ import pytest
 
 from mpi_launch import launch_command, working_tree_env
 from tfring.elastic.blacklist import HostBlacklist
+from tfring.elastic.discovery import removed_hosts
 from tfring.launcher import cli as runner
 from tfring.launcher import command as launch_command_line
 
@@ -244,3 +245,13 @@ def test_the_cooldown_doubles_with_each_failure_within_the_range():
     assert blacklist.is_blacklisted("node2")
     clock.now += 0.2
     assert not blacklist.is_blacklisted("node2")
+
+
+def test_hosts_no_longer_listed_leave_unless_none_of_the_job_is_listed(
+        capsys):
+    running = {"node1": 2, "node2": 1, "node3": 1}
+    assert removed_hosts({"node1": 2, "node2": 1}, running) == ["node3"]
+    # An empty listing (or other names) keeps every rank, with a warning.
+    assert removed_hosts({}, running) == []
+    assert removed_hosts({"other": 4}, running) == []
+    assert capsys.readouterr().err.count("lists none of the job's hosts") == 1

@@ -48,10 +48,26 @@ def growth_plan(discovered, ranks_per_host, size, max_np):
     return plan
 
 
+_warned_of_foreign_listing = False
+
+
 def removed_hosts(discovered, ranks_per_host):
     """The hosts running ranks of the job that the listing no longer has,
-    sorted."""
-    return sorted(host for host in ranks_per_host if host not in discovered)
+    sorted; none when the listing has none of them: an empty or failing
+    script, or host names other than the launch's, is likelier than every
+    host going away at once, and removing them all would end the job with
+    status 0 (warned once)."""
+    global _warned_of_foreign_listing
+    removed = sorted(host for host in ranks_per_host if host not in discovered)
+    if removed and len(removed) == len(ranks_per_host):
+        if not _warned_of_foreign_listing:
+            print(f"tfring elastic: the host discovery script lists none of "
+                  f"the job's hosts ({', '.join(removed)}); keeping their "
+                  "ranks. It should print the names used in -H/--hostfile.",
+                  file=sys.stderr, flush=True)
+            _warned_of_foreign_listing = True
+        return []
+    return removed
 
 
 class Discovery:
