@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 
 from mpi_launch import launch_command, working_tree_env
+from tfring.elastic.blacklist import HostBlacklist
+from tfring.elastic.discovery import removed_hosts
 from tfring.launcher import cli as runner
 from tfring.launcher import command as launch_command_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_LOOP = os.path.join(ROOT, "tests", "elastic_scripts", "tf_loop.py")
+DISCOVER_HOSTS = os.path.join(ROOT, "tests", "elastic_scripts",
+                              "discover_hosts.sh")
 JOB_TIMEOUT_S = 480  # a bound for a hang; loaded CI machines need minutes
 STEPS, COMMIT_EVERY = 12, 3
 
@@ -107,9 +111,7 @@ def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
     result = _tfringrun(
         2, 2, [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
         options=["--max-np", "3", "-H", "localhost:3",
-                 "--host-discovery-script",
-                 os.path.join(ROOT, "tests", "elastic_scripts",
-                              "discover_hosts.sh")],
+                 "--host-discovery-script", DISCOVER_HOSTS],
         TFRING_TEST_HOSTS_FILE=str(hosts_file),
         TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
     assert not result.timed_out, result.describe()
@@ -130,6 +132,26 @@ def test_below_min_np_ends_the_job_with_the_reason():
     assert result.returncode != 0, result.describe()
     assert re.search(r"only 2 ranks are left after a reset, fewer than the "
                      r"minimum 3 \(--min-np\)", result.output), result.describe()
+    assert "RESULT" not in result.output
+
+
+def test_below_min_np_waits_for_usable_slots_until_the_timeout(tmp_path):
+    hosts_file = tmp_path / "hosts"
+    # A slot is free after the death, but on the host where the rank died,
+    # which gets no new rank (blacklisted for good without a cooldown range).
+    hosts_file.write_text("localhost:3\n")
+    result = _tfringrun(
+        3, 3, [TF_LOOP, "mid_step", str(STEPS), str(COMMIT_EVERY), "2", "4"],
+        options=["-H", "localhost:3", "--elastic-timeout", "2",
+                 "--host-discovery-script", DISCOVER_HOSTS],
+        TFRING_TEST_HOSTS_FILE=str(hosts_file),
+        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert re.search(r"only 2 ranks are left after a reset, and the host "
+                     r"discovery script listed no usable free slots for the "
+                     r"1 more that the minimum 3 \(--min-np\) needs within "
+                     r"2 s \(--elastic-timeout\)", result.output), result.describe()
     assert "RESULT" not in result.output
 
 
@@ -155,10 +177,12 @@ def test_elastic_options_run_open_mpi_fault_tolerant_and_tell_the_ranks():
 def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
     command = _command(["-np", "2", "--max-np", "4", "-H", "localhost:4",
                         "--host-discovery-script", "hosts.sh", "--slots", "2",
+                        "--blacklist-cooldown-range", "1", "30",
                         "python", "train.py"])
     for setting in ("TFRING_ELASTIC=1", "TFRING_ELASTIC_HOSTS=localhost:4",
                     "TFRING_ELASTIC_SLOTS=2", "TFRING_ELASTIC_DISCOVERY_SCRIPT="
-                    + os.path.abspath("hosts.sh")):
+                    + os.path.abspath("hosts.sh"),
+                    "TFRING_ELASTIC_BLACKLIST_COOLDOWN=1,30"):
         assert setting in command, command
     # Started ranks are another MPI job, which shared memory cannot reach.
     assert command[command.index("btl") + 1] == "self,sm,tcp", command
@@ -170,7 +194,12 @@ def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
     (["-np", "2", "--min-np", "1", "--reset-limit", "-1"],
      r"--reset-limit -1 is negative"),
     (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
-     r"--blacklist-cooldown-range is not available"),
+     r"--blacklist-cooldown-range applies to hosts found by "
+     r"--host-discovery-script"),
+    (["-np", "2", "--host-discovery-script", "hosts.sh",
+      "--blacklist-cooldown-range", "5", "2"],
+     r"--blacklist-cooldown-range 5 2 is out of range. Expected 1 <= LO <= "
+     r"HI <= 3600"),
     (["-np", "2", "--min-np", "1", "--slots", "2"],
      r"--slots applies to hosts found by --host-discovery-script"),
 ])
@@ -178,3 +207,51 @@ def test_bad_elastic_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(argv + ["python", "train.py"])
     assert re.search(message, capsys.readouterr().err)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_host_where_a_rank_died_gets_no_new_ranks_for_good_by_default():
+    clock = _Clock()
+    blacklist = HostBlacklist(clock=clock)
+    blacklist.add("node2")
+    clock.now += 1e6
+    assert blacklist.usable({"node1": 2, "node2": 2}) == {"node1": 2}
+
+
+def test_the_cooldown_doubles_with_each_failure_within_the_range():
+    # Horovod's cooldown: LO * 2**failures + LO * jitter, kept in [LO, HI].
+    clock = _Clock()
+    blacklist = HostBlacklist((2.0, 10.0), clock=clock, jitter=lambda: 0.5)
+    blacklist.add("node2")  # 2 * 2 + 1 = 5 s
+    clock.now += 4.9
+    assert blacklist.is_blacklisted("node2")
+    blacklist.add("node2")  # still cooling down: the end stays
+    clock.now += 0.2
+    assert blacklist.usable({"node2": 1}) == {"node2": 1}
+    blacklist.add("node2")  # second failure: 2 * 4 + 1 = 9 s
+    clock.now += 8.9
+    assert blacklist.is_blacklisted("node2")
+    clock.now += 0.2
+    assert not blacklist.is_blacklisted("node2")
+    blacklist.add("node2")  # third: 2 * 8 + 1 = 17 s, capped at 10
+    clock.now += 9.9
+    assert blacklist.is_blacklisted("node2")
+    clock.now += 0.2
+    assert not blacklist.is_blacklisted("node2")
+
+
+def test_hosts_no_longer_listed_leave_unless_none_of_the_job_is_listed(
+        capsys):
+    running = {"node1": 2, "node2": 1, "node3": 1}
+    assert removed_hosts({"node1": 2, "node2": 1}, running) == ["node3"]
+    # An empty listing (or other names) keeps every rank, with a warning.
+    assert removed_hosts({}, running) == []
+    assert removed_hosts({"other": 4}, running) == []
+    assert capsys.readouterr().err.count("lists none of the job's hosts") == 1

@@ -2,8 +2,10 @@
 # this machine (tools/netns_hosts.py), one rank each; the rank of the third
 # host is killed with SIGKILL mid-step and the others finish over MPI's TCP
 # path from the last commit. (PRRTE ends the job when a host's daemon dies,
-# so a lost host is its ranks killed: docs/elastic.md.) Skips where network
-# namespaces cannot be made.
+# so a lost host is its ranks killed: docs/elastic.md.) Then the host
+# discovery script stops listing the third host: its rank leaves and the
+# others go on without a rollback. Skips where network namespaces cannot be
+# made.
 
 import json
 import os
@@ -20,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 HOST_NAMES = ("hostA", "hostB", "hostC")
 JOB_TIMEOUT_S = 300
 TF_LOOP = str(REPO / "tests" / "elastic_scripts" / "tf_loop.py")
+DISCOVER_HOSTS = str(REPO / "tests" / "elastic_scripts" / "discover_hosts.sh")
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +31,23 @@ def hosts():
         yield made
 
 
-def test_the_rank_of_a_lost_host_is_dropped_and_the_others_finish(hosts):
-    steps = 12
+def _run(hosts, options, script_args, **extra_env):
     argv = [sys.executable, "-m", "tfring.launcher.cli", "-np", "3",
             "--min-np", "2", "-H", ",".join(f"{h}:1" for h in HOST_NAMES),
-            sys.executable, TF_LOOP, "mid_step", str(steps), "3", "2", "7"]
+            *options, sys.executable, TF_LOOP, *script_args]
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
-               **hosts.mpi_env())
+               **hosts.mpi_env(), **extra_env)
     result = mpi_launch.launch_command(hosts[0].enter(argv, cwd=REPO),
                                        JOB_TIMEOUT_S, env=env, cwd=str(REPO))
     strays = hosts.stray_processes()
     assert not strays, f"left running: {strays}\n{result.describe()}"
     assert not result.timed_out, result.describe()
     assert result.returncode == 0, result.describe()
+    return result
+
+
+def _check_survivors_of_two_hosts(result, steps):
     results = [json.loads(line.split("RESULT ", 1)[1])
                for line in result.output.splitlines() if "RESULT " in line]
     assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
@@ -52,3 +58,26 @@ def test_the_rank_of_a_lost_host_is_dropped_and_the_others_finish(hosts):
     for step in range(steps):
         weights = weights - (0.01 * weights + 0.001 * step)
     np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-12)
+
+
+def test_the_rank_of_a_lost_host_is_dropped_and_the_others_finish(hosts):
+    steps = 12
+    result = _run(hosts, [], ["mid_step", str(steps), "3", "2", "7"])
+    _check_survivors_of_two_hosts(result, steps)
+
+
+def test_the_rank_of_a_host_no_longer_discovered_leaves_without_rollback(
+        hosts, tmp_path):
+    steps = 30
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("".join(f"{h}:1\n" for h in HOST_NAMES))
+    result = _run(hosts, ["--host-discovery-script", DISCOVER_HOSTS],
+                  ["rewrite_hosts", str(steps), "3", "0", "3"],
+                  TFRING_TEST_HOSTS_FILE=str(hosts_file),
+                  TFRING_TEST_NEW_HOSTS="hostA:1\nhostB:1\n",
+                  TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    _check_survivors_of_two_hosts(result, steps)
+    assert ("the host discovery script no longer lists host hostC; its rank "
+            "leaves the job") in result.output, result.describe()
+    # A host change, not a failure: nobody rolled back.
+    assert "saw a failure" not in result.output, result.describe()

@@ -8,9 +8,13 @@
 # time, a helper called many times under a name scope opened on one rank
 # only, a name scope opened on one rank only, control flow, nested
 # functions, and names that do not depend on how many functions a rank
-# traced before. Named collectives built in a different order on each rank
-# are in test_collective_names.py.
+# traced before; a collective of a constant, which constant folding must not
+# evaluate at optimization time. Named collectives built in a different order
+# on each rank are in test_collective_names.py.
 
+import json
+import os
+import tempfile
 import threading
 
 import numpy as np
@@ -358,3 +362,41 @@ def test_graph_name_scopes():
     assert (_scope_for_graph_name("__backward___forward_step_12_34")
             == "backward___forward_step")
     assert _scope_for_graph_name("___") == "function"
+
+
+def test_a_collective_of_a_constant_runs_at_every_call(rank, size):
+    # Constant folding (Grappler's, and the graph optimizer's when a function
+    # is instantiated) must leave the op to run: folded, it would run once
+    # while the graph is optimized and its result would stay frozen (wrong
+    # once an elastic job changes size). The timeline counts the runs.
+    calls = 3
+    directory = tempfile.mkdtemp(prefix="tfring_fold_") if rank == 0 else None
+    directory = tfring.broadcast_object(directory, root_rank=0,
+                                        name="fold_directory")
+    path = os.path.join(directory, "timeline.json")
+    function = tf.function(lambda: tfring.allreduce(
+        tf.constant([1.0]), op=tfring.Sum, name="folded_in_function"))
+    graph = tf.Graph()
+    with graph.as_default():
+        summed = ops.allreduce_op(tf.constant([2.0]), tfring.Sum,
+                                  name="folded_in_graph")
+    tfring.start_timeline(path)
+    for _ in range(calls):
+        assert function().numpy().tolist() == [float(size)]
+    with tf.compat.v1.Session(graph=graph) as session:
+        for _ in range(calls):
+            assert session.run(summed).tolist() == [2.0 * size]
+    tfring.stop_timeline()
+    if rank != 0:
+        return
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    rows = {e["pid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and e["name"] == "process_name"}
+    runs = {}
+    for event in events:
+        if event.get("ph") != "M" and event["name"] == "allreduce":
+            name = rows[event["pid"]]
+            runs[name] = runs.get(name, 0) + 1
+    assert sorted(runs.values()) == [calls, calls], runs
+    assert all("folded_in_" in name for name in runs), runs

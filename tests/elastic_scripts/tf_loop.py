@@ -9,7 +9,8 @@ mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
 survivors rebuilt the job and before the state is synced) or grow (rank 0
 writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
 discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
-ranks at a later commit).
+ranks at a later commit) or rewrite_hosts (as grow, writing
+$TFRING_TEST_NEW_HOSTS instead: hosts it leaves out lose their ranks).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -58,20 +59,20 @@ if scenario == "during_reset" and original_rank == kill_rank - 1:
     state.register_reset_callbacks([die])
 
 
-# An input of the function, not a constant in it: Grappler would fold a
-# collective of constants when it optimizes the function.
-ROWS = tf.constant([1, 3], tf.int64)
-
-
 @tf.function
-def train_step(step, rows):
+def train_step(step):
     gradient = 0.01 * weights + 0.001 * tf.cast(step, tf.float64)
     weights.assign_sub(tfring.allreduce(gradient, op=tfring.Average))
+    # Constants in the function: the collectives must still run at every
+    # call (not be constant-folded when the function is optimized), or the
+    # gathered rows and this count would keep the size the function was
+    # first run at.
     rows = tf.IndexedSlices(
         tf.constant([1.0, 2.0], tf.float64) * 0.01 * tf.cast(step + 1, tf.float64),
-        rows, tf.constant([4], tf.int64))
+        tf.constant([1, 3], tf.int64), tf.constant([4], tf.int64))
     averaged = tfring.allreduce(rows, op=tfring.Average)
     embedding.scatter_sub(tf.IndexedSlices(averaged.values, averaged.indices))
+    return tfring.allreduce(tf.constant(1, tf.int32), op=tfring.Sum)
 
 
 @elastic.run
@@ -80,12 +81,16 @@ def train(state):
         if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
                 and state.step == kill_step):
             die()
-        if scenario == "grow":
+        if scenario in ("grow", "rewrite_hosts"):
             if original_rank == 0 and state.step == kill_step:
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
-                    f.write(f"localhost:{kill_rank}\n")
+                    f.write(f"localhost:{kill_rank}\n" if scenario == "grow"
+                            else os.environ["TFRING_TEST_NEW_HOSTS"])
             time.sleep(0.05)  # time for the discovery script's next run
-        train_step(tf.constant(state.step, tf.int64), ROWS)
+        ranks = int(train_step(tf.constant(state.step, tf.int64)))
+        if ranks != tfring.size():
+            raise AssertionError(f"a Sum of 1 on every rank gave {ranks} at "
+                                 f"size {tfring.size()}")
         state.step += 1
         if state.step % commit_every == 0:
             state.commit()

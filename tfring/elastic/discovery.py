@@ -2,9 +2,10 @@
 #
 # Why: rank 0 alone runs the user's script (one `host:slots` line per
 # usable host), in a background thread so training never waits for it, and
-# turns a change into a plan: how many ranks to start on which host. The
-# plan reaches every rank at the next commit() (State.check_host_updates),
-# where they all raise HostsUpdatedInterrupt together. Jobs without a script
+# turns a change into a plan: how many ranks to start on which host, and
+# which hosts' ranks leave (hosts no longer listed). The plan reaches every
+# rank at the next commit() (State.check_host_updates), where they all raise
+# HostsUpdatedInterrupt together. Jobs without a script
 # pay nothing: commit() then stays local.
 
 import os
@@ -47,6 +48,28 @@ def growth_plan(discovered, ranks_per_host, size, max_np):
     return plan
 
 
+_warned_of_foreign_listing = False
+
+
+def removed_hosts(discovered, ranks_per_host):
+    """The hosts running ranks of the job that the listing no longer has,
+    sorted; none when the listing has none of them: an empty or failing
+    script, or host names other than the launch's, is likelier than every
+    host going away at once, and removing them all would end the job with
+    status 0 (warned once)."""
+    global _warned_of_foreign_listing
+    removed = sorted(host for host in ranks_per_host if host not in discovered)
+    if removed and len(removed) == len(ranks_per_host):
+        if not _warned_of_foreign_listing:
+            print(f"tfring elastic: the host discovery script lists none of "
+                  f"the job's hosts ({', '.join(removed)}); keeping their "
+                  "ranks. It should print the names used in -H/--hostfile.",
+                  file=sys.stderr, flush=True)
+            _warned_of_foreign_listing = True
+        return []
+    return removed
+
+
 class Discovery:
     """Rank 0's poller of the discovery script."""
 
@@ -81,6 +104,11 @@ class Discovery:
             time.sleep(self._interval_s)
 
 
+def interval_s():
+    """Seconds between two runs of the script."""
+    return float(os.environ.get(INTERVAL, "") or 1.0)
+
+
 _poller = None
 
 
@@ -90,5 +118,5 @@ def poller():
     if _poller is None and enabled():
         _poller = Discovery(os.environ[SCRIPT],
                             int(os.environ.get(SLOTS, "") or 1),
-                            float(os.environ.get(INTERVAL, "") or 1.0))
+                            interval_s())
     return _poller

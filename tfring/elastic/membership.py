@@ -27,6 +27,7 @@ from tfring import _elastic_communicator
 from tfring import _running
 from tfring import basics
 from tfring import process_sets as _process_sets
+from tfring.elastic import blacklist as _blacklist
 from tfring.elastic import discovery
 from tfring.elastic.errors import InternalError
 
@@ -103,6 +104,15 @@ class Membership:
         self.resets = 0
         self.rank_hosts = []
         self.growth = []  # [(host, ranks)] to start at the next reset
+        # Hosts the discovery script stopped listing: their ranks leave the
+        # job at the next reset, and `left` is then True on them.
+        self.leaving_hosts = set()
+        self.left = False
+        # Hosts where ranks died: no new ranks there (for a cooldown with
+        # --blacklist-cooldown-range). Every rank keeps it, so the one that
+        # becomes rank 0 after a failure has it too.
+        self.blacklist = _blacklist.HostBlacklist(
+            _blacklist.cooldown_range_from_environment(os.environ))
         self._host = None
         self._finish_registered = False
 
@@ -129,6 +139,11 @@ class Membership:
             self._host = os.environ.get(HOST) or _launch_host(
                 _mpi().COMM_WORLD.Get_rank())
         self.rank_hosts = self.comm.allgather(self._host)
+
+    def host(self):
+        """The discovered-host name this rank runs on (None without a
+        discovery script)."""
+        return self._host
 
     def ranks_per_host(self):
         counts = {}
@@ -179,9 +194,10 @@ class Membership:
             pass  # already revoked, or this MPI has no ULFM
 
     def rebuild(self):
-        """Stops the core, shrinks the communicator to the live ranks (and
-        starts the ranks of a growth plan, merged in after them), then starts
-        the core over it. Collective over the live ranks."""
+        """Stops the core, shrinks the communicator to the live ranks, drops
+        the ranks of leaving hosts (which return here with `left` set) and
+        starts the ranks of a growth plan, merged in after the others, then
+        starts the core over the result. Collective over the live ranks."""
         MPI = _mpi()
         old_size = self.comm.Get_size()
         # basics.shutdown(), leaving the timeline open for the reset's mark.
@@ -192,6 +208,12 @@ class Membership:
                 _process_sets.on_shutdown()
             _running.set_shut_down(True)
         survivors = self.comm.Shrink()
+        survivors.Set_errhandler(MPI.ERRORS_RETURN)
+        self._blacklist_hosts_of_dead_ranks(survivors)
+        if self.leaving_hosts:
+            survivors = self._without_leaving_hosts(survivors)
+            if survivors is None:
+                return
         growth, self.growth = self.growth, []
         if growth:
             survivors = self._start_ranks(survivors, growth)
@@ -213,6 +235,32 @@ class Membership:
             "elastic reset", f"reset {self.resets}: {old_size} ranks before, "
             f"{survivors.Get_size()} after")
         self._learn_hosts()
+
+    def _blacklist_hosts_of_dead_ranks(self, survivors):
+        """Adds the hosts of the ranks of the job's communicator that
+        `survivors` (its shrunk copy) lacks to the blacklist."""
+        if len(self.rank_hosts) != self.comm.Get_size():
+            return  # no discovery script: no hosts known
+        MPI = _mpi()
+        alive = set(MPI.Group.Translate_ranks(
+            survivors.Get_group(), list(range(survivors.Get_size())),
+            self.comm.Get_group()))
+        for rank, host in enumerate(self.rank_hosts):
+            if rank not in alive:
+                self.blacklist.add(host)
+
+    def _without_leaving_hosts(self, comm):
+        """The ranks of `comm` outside the leaving hosts, in their order, as
+        a communicator (collective over `comm`); None on a leaving rank,
+        which is then out of the job."""
+        MPI = _mpi()
+        stays = self._host not in self.leaving_hosts
+        remaining = comm.Split(0 if stays else MPI.UNDEFINED, comm.Get_rank())
+        self.leaving_hosts = set()
+        if not stays:
+            self.left = True
+            return None
+        return remaining
 
     def _start_ranks(self, comm, growth):
         """Starts the ranks of `growth` ([(host, count)]) with

@@ -4,7 +4,8 @@
 # Why: the user writes one training function that starts from `state`; this
 # loop turns a dead rank into a rollback to the last commit on the
 # survivors (InternalError), and a host change into a reset without
-# rollback (HostsUpdatedInterrupt), as Horovod's elastic run does. It
+# rollback (HostsUpdatedInterrupt), as Horovod's elastic run does; the ranks
+# of a host no longer discovered leave there. It
 # decides whether an exception is a failure by asking the core (a collective
 # that failed because a peer died arrives as the framework's own error type)
 # and MPI (a failure seen by mpi4py while the state was broadcast).
@@ -13,7 +14,9 @@ import functools
 import sys
 
 from tfring import _core
+from tfring.elastic import discovery as _discovery
 from tfring.elastic import membership as _membership
+from tfring.elastic import refill as _refill
 from tfring.elastic import settings as _settings
 from tfring.elastic.errors import HostsUpdatedInterrupt, InternalError
 
@@ -44,6 +47,17 @@ def _check_limits(members, settings):
             f"than the reset limit {settings.reset_limit} (--reset-limit). "
             "Expected the ranks to stay up between resets. Find why ranks "
             "fail (their output names the cause), or raise --reset-limit.")
+    if size < settings.min_np and _discovery.enabled():
+        raise RuntimeError(
+            f"tfring elastic: only {size} ranks are left after a reset, and "
+            f"the host discovery script listed no usable free slots for the "
+            f"{settings.min_np - size} more that the minimum "
+            f"{settings.min_np} (--min-np) needs within "
+            f"{settings.timeout_s:g} s (--elastic-timeout). Expected the "
+            "script to list enough free slots on hosts of the launch's "
+            "-H/--hostfile where no rank died (those get no new ranks, for "
+            "good or for --blacklist-cooldown-range). Make more hosts usable, "
+            "raise --elastic-timeout, or lower --min-np.")
     if size < settings.min_np:
         raise RuntimeError(
             f"tfring elastic: only {size} ranks are left after a reset, fewer "
@@ -98,10 +112,24 @@ def run_fn(func, before_reset=None):
                 state.restore()
                 skip_sync = False
             _reset(members, agreed, before_reset)
+            if members.left:
+                _leave(members)
+            if _refill.refill_to_min_np(members, settings):
+                skip_sync = False  # the started ranks need the state
             _check_limits(members, settings)
             state.on_reset()
 
     return wrapper
+
+
+def _leave(members):
+    """Ends a rank of a host the discovery script no longer lists: the
+    others went on without it, so it exits cleanly (status 0), without
+    running the rest of the training script."""
+    print(f"tfring elastic: the host discovery script no longer lists host "
+          f"{members.host()}; its rank leaves the job, which goes on without "
+          "it.", file=sys.stderr, flush=True)
+    raise SystemExit(0)
 
 
 def _reset(members, agreed, before_reset):

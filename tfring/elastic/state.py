@@ -83,19 +83,25 @@ class State:
 
     def _check_discovered_hosts(self):
         # Rank 0 turns the discovery script's newest listing into a plan;
-        # every rank receives it here and raises together.
+        # every rank receives it here and raises together. Removed hosts'
+        # ranks leave at the reset; the others keep their current state
+        # (no rollback, and no sync unless ranks are started).
         members = membership.current()
-        plan = []
+        plan, removed = [], []
         if members.comm is not None and members.comm.Get_rank() == 0:
             hosts = discovery.poller().hosts()
             if hosts is not None:
+                ranks_per_host = members.ranks_per_host()
+                removed = discovery.removed_hosts(hosts, ranks_per_host)
                 plan = discovery.growth_plan(
-                    hosts, members.ranks_per_host(), members.comm.Get_size(),
+                    members.blacklist.usable(hosts), ranks_per_host,
+                    members.comm.Get_size(),
                     _settings.from_environment().max_np)
-        plan = self._bcast_object(plan)
-        if plan:
+        plan, removed = self._bcast_object((plan, removed))
+        if plan or removed:
             members.growth = plan
-            raise HostsUpdatedInterrupt(skip_sync=False)
+            members.leaving_hosts = set(removed)
+            raise HostsUpdatedInterrupt(skip_sync=not plan)
 
     def save(self):
         raise NotImplementedError()

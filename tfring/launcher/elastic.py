@@ -11,6 +11,7 @@
 
 import os
 
+from tfring.elastic import blacklist
 from tfring.elastic import settings as elastic_settings
 
 # The variables tfring/elastic/discovery.py and membership.py read (named
@@ -39,8 +40,9 @@ def add_arguments(parser):
         help="end the job after more resets than this (default: no limit)")
     group.add_argument(
         "--elastic-timeout", type=float, default=None, metavar="SECONDS",
-        help="accepted for Horovod compatibility: a job below --min-np ends "
-             "at once, as no rank can join it")
+        help="with --host-discovery-script: how long a job below --min-np "
+             "waits for the script to list enough free slots before it ends "
+             "(default 600); without a script such a job ends at once")
     group.add_argument(
         "--host-discovery-script", default=None,
         help="a program that prints the usable hosts, one `host:slots` per "
@@ -53,7 +55,9 @@ def add_arguments(parser):
     group.add_argument(
         "--blacklist-cooldown-range", type=float, nargs=2, default=None,
         metavar=("LO", "HI"),
-        help="not available: hosts whose ranks failed are not blacklisted")
+        help="a host where a rank died gets no new ranks for a cooldown "
+             "between LO and HI seconds, growing with each failure there "
+             "(default: no new ranks there for the rest of the job)")
 
 
 def one_host_transport(args):
@@ -74,11 +78,13 @@ def enabled(args):
 def check(args):
     """Raises ValueError naming the problem with the elastic options."""
     if getattr(args, "blacklist_cooldown_range", None) is not None:
-        raise ValueError(
-            "--blacklist-cooldown-range is not available: tfring's elastic "
-            "jobs do not blacklist the hosts of failed ranks. Expected the "
-            "discovery script to leave out hosts that should not be used. "
-            "Remove --blacklist-cooldown-range.")
+        if not getattr(args, "host_discovery_script", None):
+            raise ValueError(
+                "--blacklist-cooldown-range applies to hosts found by "
+                "--host-discovery-script, but no script was given. Expected "
+                "both or neither. Add --host-discovery-script SCRIPT, or "
+                "remove --blacklist-cooldown-range.")
+        blacklist.check_cooldown_range(*args.blacklist_cooldown_range)
     if getattr(args, "slots", None) is not None and not getattr(
             args, "host_discovery_script", None):
         raise ValueError(
@@ -119,6 +125,9 @@ def environment(args):
     if args.host_discovery_script is not None:
         values[DISCOVERY_SCRIPT] = os.path.abspath(args.host_discovery_script)
         values[DISCOVERY_SLOTS] = args.slots or 1
+        if args.blacklist_cooldown_range is not None:
+            values[blacklist.COOLDOWN] = ",".join(
+                f"{limit:g}" for limit in args.blacklist_cooldown_range)
         values[LAUNCH_HOSTS] = ",".join(
             f"{host.name}:{host.slots or 1}" for host in args.host_entries
         ) or f"localhost:{args.num_proc}"

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "cc/api.h"
+#include "tensorflow/core/framework/log_memory.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -71,23 +72,40 @@ class CollectiveKernel : public AsyncOpKernel {
     return std::string(type_name_) + " of tensor '" + tensor_name_ + "'";
   }
 
-  // Whether this kernel may hand its tensor to the core now.
-  absl::Status CheckRunnable(OpKernelContext* context) const {
-    // The op is stateless (so that TensorFlow does not chain collectives in
-    // program order, which would prevent fusion), so Grappler's constant
-    // folding may evaluate one whose input is a constant while it optimizes
-    // a function, outside any step and with no function library. Running
-    // the collective then would submit it at optimization time, in whatever
-    // order this rank happens to optimize its functions (two functions
-    // optimized concurrently could pair one rank's tensor with another's).
-    // Refusing makes Grappler leave the node to run with the program.
-    if (context->function_library() == nullptr) {
-      return absl::FailedPreconditionError(
+  // Whether a constant folder is evaluating this kernel while it optimizes
+  // a function, instead of the program running it. The op is stateless (so
+  // that TensorFlow does not chain collectives in program order, which would
+  // prevent fusion), so constant folding may evaluate one whose input is a
+  // constant: Grappler's folding (no function library) and the graph
+  // optimizer's folding when a function is instantiated (its GraphRunner
+  // runs the constant subgraph under the reserved constant-folding step id).
+  // Running the collective then would submit it once at optimization time,
+  // in whatever order this rank happens to optimize its functions, and
+  // freeze its result into the graph (wrong after an elastic job changed
+  // size). Failing makes both folders leave the node to run with the
+  // program, every step.
+  static bool EvaluatedByConstantFolding(OpKernelContext* context) {
+    return context->function_library() == nullptr ||
+           context->step_id() ==
+               tensorflow::LogMemory::CONSTANT_FOLDING_STEP_ID;
+  }
+
+  // Whether this kernel may hand its tensor to the core now; when not, the
+  // op has failed and `done` has run. A folder's evaluation fails without
+  // a logged warning: the folder expects it and keeps the node.
+  bool Runnable(OpKernelContext* context, const DoneCallback& done) const {
+    if (EvaluatedByConstantFolding(context)) {
+      context->SetStatus(absl::FailedPreconditionError(
           Describe() + " was evaluated outside a TensorFlow step (graph "
-          "optimization); collectives only run when the program runs.");
+          "optimization); collectives only run when the program runs."));
+      done();
+      return false;
     }
-    if (IsInitialized()) return absl::OkStatus();
-    return NotInitializedError(Describe());
+    if (IsInitialized()) return true;
+    context->CtxFailureWithWarning(__FILE__, __LINE__,
+                                   NotInitializedError(Describe()));
+    done();
+    return false;
   }
 
   // Name, type, dtype and shape of `input`; the caller adds op-specific
@@ -232,7 +250,7 @@ class AllreduceKernel : public ReductionKernel {
   }
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    if (!Runnable(context, done)) return;
     Request request;
     OP_REQUIRES_OK_ASYNC(context,
                          DescribeReduction(context->input(0), &request), done);
@@ -250,7 +268,7 @@ class AllgatherKernel : public CollectiveKernel {
       : CollectiveKernel(context, CollectiveType::kAllgather, "allgather") {}
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    if (!Runnable(context, done)) return;
     Request request;
     OP_REQUIRES_OK_ASYNC(context, DescribeInput(context->input(0), &request),
                          done);
@@ -267,7 +285,7 @@ class AlltoallKernel : public CollectiveKernel {
       : CollectiveKernel(context, CollectiveType::kAlltoall, "alltoall") {}
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    if (!Runnable(context, done)) return;
     const Tensor& input = context->input(0);
     const Tensor& splits = context->input(1);
     Request request;
@@ -306,7 +324,7 @@ class ReducescatterKernel : public ReductionKernel {
                         "reducescatter", CheckReducescatterOp) {}
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    if (!Runnable(context, done)) return;
     Request request;
     OP_REQUIRES_OK_ASYNC(context,
                          DescribeReduction(context->input(0), &request), done);
@@ -323,7 +341,7 @@ class BroadcastKernel : public CollectiveKernel {
   }
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(context, CheckRunnable(context), done);
+    if (!Runnable(context, done)) return;
     const int32_t size = GetTopology().size;
     // A rank of the job; whether it is in the process set is the core's
     // check (it knows the set's ranks and names them).

@@ -8,10 +8,13 @@
 // control dependencies between stateful ops in program order, which would
 // serialise every allreduce of a training step and defeat tensor fusion.
 // Consequences, identical on every rank and therefore safe for cross-rank
-// matching: a collective whose result is unused is pruned, two identical
-// collectives on the same input may be merged, and a collective of a
-// constant may be constant-folded. The topology ops (Size, Rank, ...) are
-// stateful so they are never folded into a graph before tfring.init().
+// matching: a collective whose result is unused is pruned, and two
+// identical collectives on the same input may be merged. Constant folding
+// would evaluate a collective of a constant while optimizing the graph; the
+// kernels refuse that evaluation (collective_kernels.cc), so the folders
+// keep the node and it runs with the program. The topology ops (Size, Rank,
+// ...) are stateful so they are never folded into a graph before
+// tfring.init().
 #include "absl/status/status.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
