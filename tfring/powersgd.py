@@ -63,6 +63,44 @@ class PowerSGD(tf.Module, PowerSGDSettings):
         # Per gradient position ("g<i>"): Q (columns x r) and the error.
         self.factors = {}
         self.errors = {}
+        # Arrays read from a saved Keras model before the first step made
+        # the variables they belong to (see restore_saved_arrays).
+        self._restored_arrays = {}
+
+    # --- Keras saving: DistributedOptimizer.get_config / save_own_variables
+
+    def get_config(self):
+        """The constructor's arguments (the Keras DistributedOptimizer's
+        config holds them, so a loaded model compresses the same way)."""
+        return {"rank": self.matrix_rank, "start_iter": self.start_iter,
+                "min_compression_rate": self.min_compression_rate,
+                "use_error_feedback": self.use_error_feedback,
+                "warm_start": self.warm_start,
+                "orthogonalization_epsilon": self.epsilon,
+                "seed": self.seed, "name": self.name}
+
+    def saved_arrays(self):
+        """The state as named arrays, for a Keras weights store."""
+        arrays = {"powersgd.step": self.step.numpy()}
+        for key in self.factors:
+            arrays[f"powersgd.q.{key}"] = self.factors[key].numpy()
+            arrays[f"powersgd.error.{key}"] = self.errors[key].numpy()
+        return arrays
+
+    def restore_saved_arrays(self, arrays):
+        """Takes back what saved_arrays() gave; the Q and error of a
+        gradient that has no variable yet are set when the first step makes
+        it (a loaded model has not run a step)."""
+        for name, value in arrays.items():
+            if name == "powersgd.step":
+                self.step.assign(int(value))
+                continue
+            _, kind, key = name.split(".", 2)
+            variables = self.factors if kind == "q" else self.errors
+            if key in variables:
+                _assign_saved(variables[key], value, name)
+            else:
+                self._restored_arrays[name] = value
 
     def _matrix_shape(self, gradient):
         shape = gradient.shape
@@ -90,6 +128,11 @@ class PowerSGD(tf.Module, PowerSGDSettings):
                 self.errors[key] = tf.Variable(
                     tf.zeros((rows, columns), gradient.dtype), trainable=False,
                     name=f"error_{key}")
+                for kind, variable in (("q", self.factors[key]),
+                                       ("error", self.errors[key])):
+                    name = f"powersgd.{kind}.{key}"
+                    if name in self._restored_arrays:
+                        _assign_saved(variable, self._restored_arrays.pop(name), name)
         return self.factors[key], self.errors[key]
 
     def _orthogonalize(self, p):
@@ -179,3 +222,15 @@ class PowerSGD(tf.Module, PowerSGDSettings):
             out[i] = tf.reshape(approximation * scale, grads[i].shape)
         with tf.control_dependencies(updates):
             return [tf.identity(t) for t in out]
+
+
+def _assign_saved(variable, value, name):
+    if tuple(variable.shape) != tuple(value.shape):
+        raise ValueError(
+            f"tfring.PowerSGD cannot restore '{name}': the saved model holds "
+            f"shape {tuple(value.shape)}, but this model's gradient needs "
+            f"{tuple(variable.shape)}. Expected the model that was saved, "
+            "with the same layers in the same order. Load it into that "
+            "model, or pass compression= to tfring.keras.load_model() to "
+            "start a new PowerSGD state.")
+    variable.assign(value)

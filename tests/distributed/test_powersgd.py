@@ -118,6 +118,41 @@ def test_keras_fit_with_powersgd():
         np.testing.assert_array_equal(other, kernel)
 
 
+def test_keras_model_save_keeps_powersgd_and_its_state(tmp_path):
+    # A model saved mid-training and loaded again goes on exactly as the
+    # original: the same PowerSGD arguments, step, Q factors and errors.
+    keras.utils.set_random_seed(3)
+    a, b = _problem(tfring.rank())
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(OUTPUTS)])
+    powersgd = tfring.PowerSGD(rank=1, start_iter=1, seed=4)
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), compression=powersgd), loss="mse")
+    model.fit(a, b, batch_size=ROWS, epochs=3, verbose=0, shuffle=False)
+    path = tmp_path / f"rank{tfring.rank()}" / "model.keras"
+    path.parent.mkdir(parents=True)
+    model.save(path)
+    loaded = hvd_keras.load_model(path)
+    restored = loaded.optimizer.compression
+    assert isinstance(restored, tfring.PowerSGD) and restored is not powersgd
+    assert restored.get_config() == powersgd.get_config()
+    assert int(restored.step.numpy()) == 3
+    for fitted in (model, loaded):
+        fitted.fit(a, b, batch_size=ROWS, epochs=1, verbose=0, shuffle=False)
+    np.testing.assert_array_equal(restored.errors["g0"].numpy(),
+                                  powersgd.errors["g0"].numpy())
+    for mine, theirs in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+    # An explicit compression= starts afresh.
+    fresh = hvd_keras.load_model(path, compression=tfring.Compression.none)
+    assert fresh.optimizer.compression is tfring.Compression.none
+    # A state saved for another model is refused when its gradient appears.
+    other = tfring.PowerSGD(rank=1)
+    other.restore_saved_arrays({"powersgd.q.g0": np.zeros((3, 1), np.float32)})
+    with pytest.raises(ValueError, match="cannot restore 'powersgd.q.g0'.*"
+                       r"shape \(3, 1\).*needs \(6, 1\).*Expected the model"):
+        other._state("g0", tf.zeros((FEATURES, OUTPUTS)), FEATURES, OUTPUTS, 1)
+
+
 def test_a_single_tensor_is_refused():
     with pytest.raises(TypeError, match="compresses the gradients of a whole model"):
         tfring.allreduce(tf.ones((4, 4)), compression=tfring.PowerSGD())

@@ -29,11 +29,13 @@ import copy
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfring import collectives
 from tfring import local_gradients as _local
 from tfring.compression import Compression
+from tfring.powersgd import PowerSGD
 from tfring.process_sets import global_process_set
 from tfring.keras.gradient_aggregation import (GradientReducer,
                                                LocalGradientAggregator)
@@ -46,11 +48,21 @@ _COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16,
                  "fp16_wire": Compression.fp16_wire}
 
 
-def _compression_name(compression):
+def _compression_config(compression):
+    """What get_config() holds for `compression`: a name, PowerSGD's
+    arguments, or None (a custom compressor is not serialized)."""
     for name, value in _COMPRESSIONS.items():
         if compression is value:
             return name
-    return None  # A custom compressor is not serialized.
+    if isinstance(compression, PowerSGD):
+        return {"class_name": "PowerSGD", "config": compression.get_config()}
+    return None
+
+
+def _compression_from_config(config):
+    if isinstance(config, dict) and config.get("class_name") == "PowerSGD":
+        return PowerSGD(**config["config"])
+    return _COMPRESSIONS.get(config or "none", Compression.none)
 
 
 def _wants_loss_scaling(optimizer):
@@ -146,8 +158,10 @@ class DistributedOptimizer(_Optimizer):
     Args:
       optimizer: the keras.optimizers.Optimizer to wrap.
       name: the wrapper's name (default "distributed_" + optimizer.name).
-      compression: tfring.Compression.none, .fp16 (a cast to float16), or
-        .bf16_wire / .fp16_wire (encoded only where it crosses hosts).
+      compression: tfring.Compression.none, .fp16 (a cast to float16),
+        .bf16_wire / .fp16_wire (encoded only where it crosses hosts), or a
+        tfring.PowerSGD (saved with the model: its arguments in the config,
+        its state with the optimizer's variables).
       sparse_as_dense: reduce tf.IndexedSlices gradients as dense tensors.
       backward_passes_per_step: sum gradients locally over this many calls
         and reduce and apply them on every such call (others only add to
@@ -467,7 +481,7 @@ class DistributedOptimizer(_Optimizer):
         return {
             "name": self.name,
             "optimizer": keras.optimizers.serialize(self.inner_optimizer),
-            "compression": _compression_name(self._reducer.compression),
+            "compression": _compression_config(self._reducer.compression),
             "sparse_as_dense": self._reducer.sparse_as_dense,
             "backward_passes_per_step": self._passes,
             "average_aggregated_gradients": self._average_aggregated,
@@ -484,9 +498,30 @@ class DistributedOptimizer(_Optimizer):
         config = copy.deepcopy(config)
         optimizer = keras.optimizers.deserialize(
             config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = _COMPRESSIONS.get(
-            config.get("compression") or "none", Compression.none)
+        config["compression"] = _compression_from_config(
+            config.get("compression"))
         return cls(optimizer, **config)
+
+    # A PowerSGD compressor's state (step, Q factors, errors) goes into the
+    # optimizer's weights store under its own names, beside the numbered
+    # optimizer variables that Keras saves.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        compression = self._reducer.compression
+        if isinstance(compression, PowerSGD):
+            for name, value in compression.saved_arrays().items():
+                store[name] = value
+
+    def load_own_variables(self, store):
+        names = list(store.keys())
+        numbered = {name: store[name] for name in names if name.isdigit()}
+        super().load_own_variables(numbered)
+        saved = {name: store[name] for name in names
+                 if name.startswith("powersgd.")}
+        compression = self._reducer.compression
+        if saved and isinstance(compression, PowerSGD):
+            compression.restore_saved_arrays(
+                {name: np.asarray(value) for name, value in saved.items()})
 
 
 @keras.saving.register_keras_serializable(package="tfring")

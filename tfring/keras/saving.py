@@ -13,7 +13,7 @@ from tfring.compression import Compression
 from tfring.keras.optimizer import DistributedOptimizer
 
 
-def load_model(filepath, custom_objects=None, compression=Compression.none,
+def load_model(filepath, custom_objects=None, compression=None,
                custom_optimizers=None, compile=True, safe_mode=True):
     """Loads a `.keras` model; its optimizer comes back distributed.
 
@@ -27,7 +27,10 @@ def load_model(filepath, custom_objects=None, compression=Compression.none,
       filepath: path of the `.keras` file (every rank reads it).
       custom_objects: as for keras.models.load_model (your own layers,
         losses, optimizers); tfring's classes need no entry.
-      compression: tfring.Compression.none or .fp16 for the gradients.
+      compression: the gradients' compressor (tfring.Compression.none,
+        .fp16, .bf16_wire, .fp16_wire, or a tfring.PowerSGD). None (the
+        default) keeps the one the file was saved with, a PowerSGD's state
+        included (none for a file saved with a plain optimizer).
       custom_optimizers: horovod.keras compatibility: a list of your own
         optimizer classes, added to custom_objects under their class names
         (every optimizer is wrapped, listed or not).
@@ -48,9 +51,11 @@ def load_model(filepath, custom_objects=None, compression=Compression.none,
     if optimizer is None:
         return model
     if isinstance(optimizer, DistributedOptimizer):
-        optimizer._set_compression(compression)
+        if compression is not None:
+            optimizer._set_compression(compression)
         return model
-    distributed = DistributedOptimizer(optimizer, compression=compression)
+    distributed = DistributedOptimizer(
+        optimizer, compression=Compression.none if compression is None else compression)
     # Compile again with the saved loss and metrics, so that the compile
     # config (what a later model.save() writes) names the wrapper too.
     config = dict(model.get_compile_config())
