@@ -268,6 +268,26 @@ def test_mismatched_shapes_fail_and_later_collectives_work(rank, size):
     np.testing.assert_allclose(reduce(tf.ones([2])).numpy(), np.full([2], size))
 
 
+@pytest.mark.requires_ranks(2)
+def test_a_compiled_allreduce_carries_its_wire_compression(rank, size):
+    # Rank 0 asks for bf16 on the wire, the others for none: the core sees
+    # the difference, so the compiled call passed its compression along.
+    def compiled(compression):
+        return tf.function(lambda x: tfring.allreduce(
+            x, op=tfring.Sum, compression=compression, name="xla_wire"),
+            jit_compile=True)
+
+    mixed = tfring.Compression.bf16_wire if rank == 0 else tfring.Compression.none
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=r"xla_wire.*wire compression.*bf16.*none"):
+        compiled(mixed)(tf.ones([4])).numpy()
+    # On one host the wire compression changes nothing.
+    x = tf.constant([1.0 + 2.0 ** -12, 3.0, -5.5, 7.25]) * (rank + 1)
+    np.testing.assert_array_equal(
+        compiled(tfring.Compression.bf16_wire)(x).numpy(),
+        tfring.allreduce(x, op=tfring.Sum, name="xla_wire_plain").numpy())
+
+
 def _jit_devices(op):
     from tensorflow.python.framework import kernels
     return {k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel

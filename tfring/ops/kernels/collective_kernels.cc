@@ -237,15 +237,7 @@ class AllreduceKernel : public ReductionKernel {
                         CheckReduceOp) {
     int32_t compression = 0;
     OP_REQUIRES_OK(context, context->GetAttr("compression", &compression));
-    OP_REQUIRES(context,
-                compression >= 0 &&
-                    compression <= static_cast<int32_t>(WireCompression::kFp16),
-                absl::InvalidArgumentError(
-                    "tfring allreduce: compression attr " +
-                    std::to_string(compression) +
-                    " is not a wire compression; expected 0 (none), 1 (bf16) "
-                    "or 2 (fp16). Pass a tfring.Compression member instead of "
-                    "a number."));
+    OP_REQUIRES_OK(context, CheckWireCompression(compression));
     compression_ = static_cast<WireCompression>(compression);
   }
 

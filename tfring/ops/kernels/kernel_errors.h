@@ -3,7 +3,7 @@
 // Why one place: every tfring kernel refuses to run before tfring.init() (or
 // after tfring.shutdown()), and users should see the same message, naming the
 // fix, whichever op they hit first; the TensorFlow and XLA kernels check the
-// reduce op the same way.
+// reduce op and the wire compression the same way.
 #ifndef TFRING_OPS_KERNELS_KERNEL_ERRORS_H_
 #define TFRING_OPS_KERNELS_KERNEL_ERRORS_H_
 
@@ -43,6 +43,18 @@ inline absl::Status CheckReducescatterOp(int32_t reduce_op) {
   return absl::InvalidArgumentError(
       "reducescatter: reduce_op " + std::to_string(reduce_op) +
       " is not supported. Use tfring.Average (0) or tfring.Sum (1).");
+}
+
+// The wire compressions of tfring.Compression (an allreduce's attribute).
+inline absl::Status CheckWireCompression(int32_t compression) {
+  if (compression >= 0 &&
+      compression <= static_cast<int32_t>(WireCompression::kFp16)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      "tfring allreduce: compression attr " + std::to_string(compression) +
+      " is not a wire compression; expected 0 (none), 1 (bf16) or 2 (fp16). "
+      "Pass a tfring.Compression member instead of a number.");
 }
 
 }  // namespace tf_ops

@@ -181,12 +181,14 @@ ffi::Future AllreduceImpl(ffi::AnyBuffer input,
                           ffi::Result<ffi::AnyBuffer> output,
                           std::string_view name, int32_t process_set_id,
                           int32_t reduce_op, float prescale_factor,
-                          float postscale_factor) {
+                          float postscale_factor, int32_t compression) {
   Request request;
   request.name = std::string(name);
   request.process_set_id = process_set_id;
   request.type = CollectiveType::kAllreduce;
   request.reduce_op = static_cast<ReduceOp>(reduce_op);
+  // Checked when the function was compiled (xla_kernels.cc).
+  request.compression = static_cast<WireCompression>(compression);
   // As in the TensorFlow kernel: float attributes widened to double, so a
   // rank running XLA and one running the graph kernel agree.
   request.prescale_factor = prescale_factor;
@@ -239,7 +241,8 @@ XLA_FFI_DEFINE_HANDLER(kAllreduceHandler, AllreduceImpl,
                            .Attr<int32_t>(xla_abi::kProcessSetIdAttr)
                            .Attr<int32_t>(xla_abi::kReduceOpAttr)
                            .Attr<float>(xla_abi::kPrescaleAttr)
-                           .Attr<float>(xla_abi::kPostscaleAttr));
+                           .Attr<float>(xla_abi::kPostscaleAttr)
+                           .Attr<int32_t>(xla_abi::kCompressionAttr));
 
 XLA_FFI_DEFINE_HANDLER(kReducescatterHandler, ReducescatterImpl,
                        ffi::Ffi::Bind()

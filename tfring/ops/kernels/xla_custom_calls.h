@@ -35,6 +35,7 @@ inline constexpr char kNameAttr[] = "tensor_name";          // string
 inline constexpr char kReduceOpAttr[] = "reduce_op";        // i32
 inline constexpr char kPrescaleAttr[] = "prescale_factor";  // f32
 inline constexpr char kPostscaleAttr[] = "postscale_factor";  // f32
+inline constexpr char kCompressionAttr[] = "compression";  // i32, allreduce: WireCompression
 inline constexpr char kRootRankAttr[] = "root_rank";        // i32
 inline constexpr char kProcessSetIdAttr[] = "process_set_id";  // i32, every target
 

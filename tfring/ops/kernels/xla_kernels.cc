@@ -154,6 +154,8 @@ class AllreduceXlaKernel : public CollectiveXlaKernel {
                    context->GetAttr("prescale_factor", &prescale_factor_));
     OP_REQUIRES_OK(context,
                    context->GetAttr("postscale_factor", &postscale_factor_));
+    OP_REQUIRES_OK(context, context->GetAttr("compression", &compression_));
+    OP_REQUIRES_OK(context, CheckWireCompression(compression_));
   }
 
   void Compile(XlaOpKernelContext* context) override {
@@ -163,10 +165,13 @@ class AllreduceXlaKernel : public CollectiveXlaKernel {
          std::string(xla_abi::kPrescaleAttr) + " = " +
              MlirF32(prescale_factor_),
          std::string(xla_abi::kPostscaleAttr) + " = " +
-             MlirF32(postscale_factor_)});
+             MlirF32(postscale_factor_),
+         std::string(xla_abi::kCompressionAttr) + " = " +
+             MlirI32(compression_)});
   }
 
  private:
+  int32_t compression_ = 0;
   int32_t reduce_op_ = 0;
   float prescale_factor_ = 1.0f;
   float postscale_factor_ = 1.0f;
