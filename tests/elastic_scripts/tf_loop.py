@@ -81,12 +81,6 @@ def train(state):
         if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
                 and state.step == kill_step):
             die()
-        if (scenario == "raises" and original_rank == kill_rank
-                and state.step == kill_step):
-            # An error of the user's script, not a crash: the rank ends with
-            # a traceback and a non-zero status, as in Horovod's
-            # exit_mode='exception' scenarios.
-            raise RuntimeError("the training script failed on this rank")
         if scenario in ("grow", "rewrite_hosts"):
             if original_rank == 0 and state.step == kill_step:
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:

@@ -11,10 +11,7 @@
 # and MPI (a failure seen by mpi4py while the state was broadcast).
 
 import functools
-import os
-import signal
 import sys
-import traceback
 
 from tfring import _core
 from tfring.elastic import discovery as _discovery
@@ -104,7 +101,7 @@ def run_fn(func, before_reset=None):
                 agreed = False
             except Exception as e:  # noqa: BLE001 (classified just below)
                 if not _is_failure(e):
-                    _fail_this_rank(members)
+                    raise
                 failed = True
                 agreed = False
                 print(f"tfring elastic: rank {members.comm.Get_rank()} saw a "
@@ -123,25 +120,6 @@ def run_fn(func, before_reset=None):
             state.on_reset()
 
     return wrapper
-
-
-def _fail_this_rank(members):
-    """Ends this rank after an error of the training function itself (not
-    a peer's failure), as a crash would end it: the other ranks see a
-    failed rank and go on from the last commit without it, as Horovod's
-    elastic mode treats a worker that raised. Exiting normally would shut
-    tfring down cleanly, which the others take for the end of the job."""
-    traceback.print_exc()
-    print(f"tfring elastic: rank {members.comm.Get_rank()} failed with the "
-          "error above in the training function; it ends here, and the other "
-          "ranks go on from the last commit without it (as if it had "
-          "crashed). Fix the error if it is a bug of the script: a job whose "
-          "ranks all fail this way ends.", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    # A signal, not an exit status: Open MPI's fault tolerance reports a
-    # killed process to the others, while a process that exits on its own
-    # without MPI_Finalize leaves them waiting.
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _leave(members):
