@@ -104,16 +104,23 @@ def test_a_rank_that_dies_during_the_reset_causes_one_more_reset():
                                _expected_weights(STEPS), rtol=1e-12)
 
 
-def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
+def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options):
+    """A job whose discovery script lists `hosts_listed` (polled often)."""
     hosts_file = tmp_path / "hosts"
-    hosts_file.write_text("localhost:2\n")
-    steps = 40
-    result = _tfringrun(
-        2, 2, [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
-        options=["--max-np", "3", "-H", "localhost:3",
-                 "--host-discovery-script", DISCOVER_HOSTS],
+    hosts_file.write_text(hosts_listed)
+    return _tfringrun(
+        ranks, min_np, script_args,
+        options=[*options, "--host-discovery-script", DISCOVER_HOSTS],
         TFRING_TEST_HOSTS_FILE=str(hosts_file),
         TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+
+
+def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
+    steps = 40
+    result = _discovering_run(
+        tmp_path, "localhost:2\n", 2, 2,
+        [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
+        ["--max-np", "3", "-H", "localhost:3"])
     assert not result.timed_out, result.describe()
     assert result.returncode == 0, result.describe()
     results = _results(result.output)
@@ -136,16 +143,12 @@ def test_below_min_np_ends_the_job_with_the_reason():
 
 
 def test_below_min_np_waits_for_usable_slots_until_the_timeout(tmp_path):
-    hosts_file = tmp_path / "hosts"
     # A slot is free after the death, but on the host where the rank died,
     # which gets no new rank (blacklisted for good without a cooldown range).
-    hosts_file.write_text("localhost:3\n")
-    result = _tfringrun(
-        3, 3, [TF_LOOP, "mid_step", str(STEPS), str(COMMIT_EVERY), "2", "4"],
-        options=["-H", "localhost:3", "--elastic-timeout", "2",
-                 "--host-discovery-script", DISCOVER_HOSTS],
-        TFRING_TEST_HOSTS_FILE=str(hosts_file),
-        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    result = _discovering_run(
+        tmp_path, "localhost:3\n", 3, 3,
+        [TF_LOOP, "mid_step", str(STEPS), str(COMMIT_EVERY), "2", "4"],
+        ["-H", "localhost:3", "--elastic-timeout", "2"])
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()
     assert re.search(r"only 2 ranks are left after a reset, and the host "
