@@ -19,6 +19,12 @@ processes of this machine:
   without the elastic options (no failure), and their ratio. Elastic mode
   moves data over MPI only (no shared-memory path) and runs Open MPI's
   fault-tolerant mode.
+- growth, tfring: a job of --ranks - 1 ranks with a host discovery script
+  (polled every second, the default); at step --grow-step rank 0 makes the
+  script list one more slot. Growth is the time from that change to the
+  first step completed by the new rank (the poll, the next commit(), the
+  new process's start-up with Python and PyTorch, the merge and the state's
+  broadcast).
 - commit(): the time of TorchState.commit() (copies of the model's and
   optimizer's state) by model size, in one process.
 
@@ -49,6 +55,9 @@ def parse_args(argv=None):
     parser.add_argument("--kill-step", type=int, default=23,
                         help="the step at which a rank dies (-1: none)")
     parser.add_argument("--commit-every", type=int, default=5)
+    parser.add_argument("--grow-step", type=int, default=-1,
+                        help="tfring worker: the step at which rank 0 lists one "
+                             "more slot (internal; -1: none)")
     parser.add_argument("--repeats", type=int, default=2,
                         help="jobs per measurement (the median is reported)")
     parser.add_argument("--checkpoint", default="",
@@ -95,6 +104,10 @@ def tfring_worker(args):
         while state.step < args.steps:
             if original_rank == args.ranks - 1 and state.step == args.kill_step:
                 _kill_now(original_rank)
+            if args.grow_step >= 0 and state.step >= args.grow_step:
+                if original_rank == 0 and state.step == args.grow_step:
+                    _list_one_more_slot(args)
+                time.sleep(0.05)  # steps go on until the poll sees it
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
@@ -105,6 +118,12 @@ def tfring_worker(args):
                 state.commit()
 
     train(state)
+
+
+def _list_one_more_slot(args):
+    with open(os.environ["TFRING_BENCH_HOSTS_FILE"], "w") as f:
+        f.write(f"localhost:{args.ranks}\n")
+    print(f"DISCOVERED {time.time():.6f} 0", flush=True)
 
 
 def torchrun_worker(args):
@@ -178,11 +197,11 @@ def _environment():
     return env
 
 
-def _run(command):
+def _run(command, **extra_env):
     result = subprocess.run(command, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=JOB_TIMEOUT_S, env=_environment(),
-                            cwd=ROOT)
+                            text=True, timeout=JOB_TIMEOUT_S,
+                            env=dict(_environment(), **extra_env), cwd=ROOT)
     return result.stdout
 
 
@@ -199,7 +218,7 @@ def _tfringrun(args, elastic, kill_step):
                            *_worker_args(args, kill_step)])
 
 
-_FIELDS = {"KILL": 2, "RESET": 2, "COMMIT": 2, "STEP": 3}
+_FIELDS = {"KILL": 2, "RESET": 2, "COMMIT": 2, "STEP": 3, "DISCOVERED": 2}
 
 
 def _lines(output, kind, fields=None):
@@ -218,6 +237,33 @@ def _recovery_tfring(output):
     if not after:
         raise RuntimeError("no step completed after the reset:\n" + output[-4000:])
     return min(after) - killed_at
+
+
+def _growth_tfring(args):
+    """Seconds from the discovery script's new slot to the new rank's first
+    step, in a job that starts one rank short."""
+    grow_step = 10
+    with tempfile.TemporaryDirectory() as folder:
+        hosts_file = os.path.join(folder, "hosts")
+        script = os.path.join(folder, "discover.sh")
+        with open(hosts_file, "w") as f:
+            f.write(f"localhost:{args.ranks - 1}\n")
+        with open(script, "w") as f:
+            f.write(f'#!/bin/sh\ncat "{hosts_file}"\n')
+        os.chmod(script, 0o755)
+        command = [sys.executable, "-m", "tfring.launcher.cli",
+                   "-np", str(args.ranks - 1), "--min-np", "1",
+                   "--max-np", str(args.ranks), "-H", f"localhost:{args.ranks}",
+                   "--host-discovery-script", script,
+                   sys.executable, __file__, "--worker", "tfring",
+                   *_worker_args(args, -1), "--grow-step", str(grow_step)]
+        output = _run(command, TFRING_BENCH_HOSTS_FILE=hosts_file)
+    [discovered] = _lines(output, "DISCOVERED")
+    new_rank = str(args.ranks - 1)
+    first = [float(t) for t, rank, _ in _lines(output, "STEP") if rank == new_rank]
+    if not first:
+        raise RuntimeError("the new rank completed no step:\n" + output[-4000:])
+    return min(first) - float(discovered[0])
 
 
 def _recovery_torchrun(args, checkpoint):
@@ -247,7 +293,9 @@ def main(argv=None):
          "commit": commit_worker}[args.worker](args)
         return
     tfring_times, torchrun_times, plain_steps, elastic_steps = [], [], [], []
+    growth_times = []
     for _ in range(args.repeats):
+        growth_times.append(_growth_tfring(args))
         tfring_times.append(_recovery_tfring(_tfringrun(args, True, args.kill_step)))
         with tempfile.TemporaryDirectory() as folder:
             torchrun_times.append(
@@ -262,6 +310,9 @@ def main(argv=None):
     print(f"| recovery after a rank's death, tfring elastic | {recovery:.2f} s |")
     print(f"| recovery after a rank's death, torchrun --max-restarts (checkpoint every "
           f"{args.commit_every} steps) | {restart:.2f} s ({restart / recovery:.0f}x) |")
+    print(f"| growth: a discovered slot to the new rank's first step, tfring elastic "
+          f"({args.ranks - 1} to {args.ranks} ranks) | "
+          f"{statistics.median(growth_times):.2f} s |")
     print(f"| step time, tfringrun | {plain * 1e3:.1f} ms |")
     print(f"| step time, tfringrun elastic (no failure) | {elastic * 1e3:.1f} ms "
           f"({elastic / plain:.2f}x) |")
