@@ -1,7 +1,7 @@
 """tfring.mxnet against MXNet's own parameter server (kvstore 'dist_sync'),
 raw MPI and tfring's TensorFlow path, on 2 processes of this machine.
 
-    .venv-mxnet/bin/python benchmarks/mxnet_allreduce.py [--repeats 20] [--steps 30]
+    .venv-mxnet/bin/python benchmarks/mxnet_allreduce.py [--repeats 20] [--steps 200]
 
 Run it with the MXNet environment's Python, not under mpirun: it starts
 three jobs one after another (benchmarks/_mxnet_workers.py does the timed
@@ -11,14 +11,19 @@ work) and prints one table.
      NDArray of 4 KiB, 256 KiB, 4 MiB and 64 MiB summed: allreduce_ (in
      place) and allreduce (a new output), against mpi4py Allreduce in
      place and src->dst in the same processes, interleaved. Then a Gluon
-     training step (a small CNN, batch 32 of 28x28 images per rank) with
-     DistributedTrainer and without any communication (the ceiling: both
-     ranks train on their own at once), alternating twice.
+     training step (a small CNN, batches of 32 and 128 28x28 images per
+     rank) with DistributedTrainer; with a variant of it that pushes the
+     allreduce into MXNet's engine instead of waiting for the gradients
+     (the other way of ordering with the engine); with a trainer that only
+     meets the other rank at a barrier each step (what synchronising alone
+     costs: no synchronous step can beat it); and without any
+     communication (the ceiling: both ranks train on their own at once);
+     taking turns 3 times.
   2. kvstore('dist_sync'): a scheduler, one server and two workers, each a
      process with its DMLC_* role. The same arrays pushed and pulled (the
-     workers' sum comes back: an allreduce). (A Gluon Trainer on this
-     kvstore aborted in ps-lite here, so the training step has no kvstore
-     row.)
+     workers' sum comes back: an allreduce). Then the same Gluon step
+     with a gluon.Trainer on this kvstore, interleaved 3 times with its
+     own ceiling.
   3. tfring's TensorFlow path: `mpirun -np 2` with the main environment's
      Python (.venv, which has TensorFlow): hvd.allreduce of the same sizes,
      eager. The TensorFlow row is the reference of the goal "tfring.mxnet
@@ -103,7 +108,8 @@ def kvstore_job(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=200,
+                        help="images per training measurement, in batches of 32 (default 200)")
     parser.add_argument("--tf-python", default=str(REPO / ".venv" / "bin" / "python"),
                         help="a Python with TensorFlow and tfring built for it")
     args = parser.parse_args()
@@ -126,13 +132,16 @@ def main():
         row = [ms(f"{c} {size}") for c in columns]
         print(f"{name:>8} " + " ".join(f"{v:24.3f}" for v in row)
               + f" {row[1] / row[2]:9.2f}")
-    print("\nGluon training step, small CNN, batch 32 per rank (img/s over 2 ranks)")
-    for run, name in ((tfring_run, "tfring"),):
-        ceiling = np.median(run["rates"]["ceiling"])
-        rate = np.median(run["rates"][name])
-        print(f"{name:>8}: {rate:8.0f} img/s, {rate / ceiling:.2f} of its run's ceiling "
-              f"({ceiling:.0f} img/s)")
-
+    for batch in (32, 128):
+        print(f"\nGluon training step, small CNN, batch {batch} of 28x28 per rank (img/s over 2 "
+              "ranks, medians; each ratio is to the ceiling its job measured, interleaved)")
+        for run, names in ((tfring_run, ("barrier only", "tfring", "tfring engine push")),
+                           (kvstore_run, ("kvstore",))):
+            ceiling = np.median(run["rates"][f"ceiling {batch}"])
+            for name in names:
+                rate = np.median(run["rates"][f"{name} {batch}"])
+                print(f"{name:>20}: {rate:8.0f} img/s, {rate / ceiling:.2f} of its job's "
+                      f"ceiling ({ceiling:.0f} img/s)")
 
 if __name__ == "__main__":
     main()

@@ -1,9 +1,10 @@
 # DistributedTrainer: horovod.mxnet's gluon.Trainer whose step() averages
 # every gradient over the ranks before the optimizer updates the weights.
 #
-# Why it submits all gradients before waiting for any: the core then fuses
-# them into few large allreduces (one per fusion buffer) instead of one
-# round trip per parameter; MXNet has finished computing each gradient
+# Why it submits all gradients as one group before waiting for any: the
+# core then negotiates them in one round and fuses them into few large
+# allreduces (one per fusion buffer) instead of one round trip per
+# parameter; MXNet has finished computing each gradient
 # (wait_to_read) before the core reads it, and the step updates the weights
 # only after every reduced gradient is back.
 
@@ -66,20 +67,21 @@ class DistributedTrainer(mx.gluon.Trainer):
             return
         fields = _c.allreduce_fields(_c.Average, None, 1.0 / self._predivide, self._predivide,
                                      self._process_set, "DistributedTrainer.step")
-        sent, contexts, targets, pending = [], [], [], []
+        names, sent, dtypes, contexts, targets = [], [], [], [], []
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
             grad = param.list_grad()[0]
             compressed, context = self._compression.compress(grad)
-            dtype = _nd.check_array(compressed, "DistributedTrainer.step", reduction=True)
-            pending += _c.submit_async(
-                _c._CollectiveType.allreduce,
-                [f"allreduce.{self._prefix}{i}"], [compressed], [dtype], [compressed],
-                **fields)
+            dtypes.append(_nd.check_array(compressed, "DistributedTrainer.step", reduction=True))
+            names.append(f"allreduce.{self._prefix}{i}")
             sent.append(compressed)
             contexts.append(context)
             targets.append(grad)
+        # One group: the core negotiates and fuses the step's gradients in
+        # one round instead of one round per parameter.
+        pending = _c.submit_async(_c._CollectiveType.allreduce, names, sent, dtypes, sent,
+                                  **fields)
         _outcome.wait_all(pending)
         for grad, compressed, context in zip(targets, sent, contexts):
             if compressed is not grad:
