@@ -104,6 +104,43 @@ def test_a_rank_that_dies_during_the_reset_causes_one_more_reset():
                                _expected_weights(STEPS), rtol=1e-12)
 
 
+def test_ranks_whose_training_function_raises_leave_and_the_others_go_on():
+    # Rank 2's training function raises at step 4, then rank 0's (the
+    # state's source) at step 7: rank 1 finishes alone, from the last
+    # commits, and the job succeeds.
+    result = _tfringrun(3, 1, [TF_LOOP, "raise", str(STEPS), str(COMMIT_EVERY),
+                               "2", "4"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    [survivor] = _results(result.output)
+    assert (survivor["original_rank"], survivor["rank"], survivor["size"]) == (
+        1, 0, 1), result.describe()
+    np.testing.assert_allclose(survivor["weights"], _expected_weights(STEPS),
+                               rtol=1e-12)
+    for rank, step in ((2, 4), (0, 7)):
+        assert re.search(
+            rf"rank \d's training function raised RuntimeError: rank {rank} "
+            rf"raised at step {step} on purpose; the rank leaves the job, and "
+            r"the others go on without it from the last commit",
+            result.output), result.describe()
+
+
+def test_the_job_fails_with_the_error_when_every_rank_raises():
+    result = _tfringrun(3, 1, [TF_LOOP, "all_raise", str(STEPS),
+                               str(COMMIT_EVERY), "0", "4"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    # Which ranks raise first, and so leave before the others, varies; the
+    # last ones end the job with their error.
+    assert re.search(
+        r"training function raised RuntimeError: rank \d raised at step 4 on "
+        r"purpose, and so did every other rank left in the job; the job ends "
+        r"with the error", result.output), result.describe()
+    assert re.search(r"RuntimeError: rank \d raised at step 4 on purpose\n",
+                     result.output), result.describe()
+    assert "RESULT" not in result.output
+
+
 def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options):
     """A job whose discovery script lists `hosts_listed` (polled often)."""
     hosts_file = tmp_path / "hosts"
