@@ -12,6 +12,7 @@ import pytest
 
 from mpi_launch import launch_command, working_tree_env
 from tfring.elastic.blacklist import HostBlacklist
+from tfring.elastic import membership
 from tfring.elastic.discovery import removed_hosts
 from tfring.launcher import cli as runner
 from tfring.launcher import command as launch_command_line
@@ -295,3 +296,60 @@ def test_hosts_no_longer_listed_leave_unless_none_of_the_job_is_listed(
     assert removed_hosts({}, running) == []
     assert removed_hosts({"other": 4}, running) == []
     assert capsys.readouterr().err.count("lists none of the job's hosts") == 1
+
+
+class _Communicator:
+    """What Membership needs of a communicator to drop departing ranks:
+    every rank's (raised, on a leaving host, host), and Split."""
+
+    UNDEFINED = -32766
+
+    def __init__(self, rank, departures):
+        self.rank, self.departures, self.colors = rank, departures, []
+
+    def allgather(self, mine):
+        assert mine == self.departures[self.rank]
+        return self.departures
+
+    def Get_rank(self):
+        return self.rank
+
+    def Split(self, color, key):
+        self.colors.append(color)
+        return None if color == self.UNDEFINED else "remaining"
+
+
+def _departing(monkeypatch, rank, departures, leaving_hosts=()):
+    members = membership.Membership()
+    monkeypatch.setattr(membership, "_mpi", lambda: _Communicator)
+    members.raised, members._host = departures[rank][0], departures[rank][2]
+    members.leaving_hosts = set(leaving_hosts)
+    comm = _Communicator(rank, departures)
+    return members, comm, members._without_departing_ranks(comm)
+
+
+def test_a_rank_that_raised_departs_and_its_host_is_blacklisted(monkeypatch):
+    departures = [(False, False, "node1"), (True, False, "node2")]
+    members, comm, remaining = _departing(monkeypatch, 0, departures)
+    assert (remaining, members.left, members.job_failed) == (
+        "remaining", False, False)
+    assert members.blacklist.is_blacklisted("node2")
+    members, comm, remaining = _departing(monkeypatch, 1, departures)
+    assert (remaining, members.left, members.job_failed) == (None, True, False)
+    assert comm.colors == [_Communicator.UNDEFINED]
+
+
+def test_when_only_ranks_that_raised_remain_the_job_fails(monkeypatch):
+    # Rank 1 leaves with its host, rank 0 raised: nobody would go on.
+    departures = [(True, False, None), (False, True, "node2")]
+    members, comm, remaining = _departing(monkeypatch, 0, departures)
+    assert (remaining, members.left, members.job_failed) == (None, False, True)
+    members, comm, remaining = _departing(monkeypatch, 1, departures, ["node2"])
+    assert (remaining, members.left, members.job_failed) == (None, True, False)
+    assert comm.colors == []  # every rank knows: no split
+
+
+def test_without_departures_the_communicator_stays(monkeypatch):
+    departures = [(False, False, None)] * 2
+    members, comm, remaining = _departing(monkeypatch, 1, departures)
+    assert remaining is comm and comm.colors == [] and not members.left
