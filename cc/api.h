@@ -108,6 +108,12 @@ TFRING_EXPORT bool StoppedByFailure();
 // (InitializeMpi again) in the same file. Shutdown closes it as before.
 TFRING_EXPORT void SetElasticMode(bool elastic);
 TFRING_EXPORT Status ShutdownForReset();
+// Elastic training, on a rank that leaves the job on its own (its training
+// function raised): revokes the job's communicator (ULFM), so every rank's
+// core stops as after a peer's failure, pending and later collectives fail,
+// and the others reset without this rank. No-op when not initialised or
+// where MPI has no fault tolerance.
+TFRING_EXPORT void RevokeJob();
 TFRING_EXPORT void MarkTimeline(const std::string& name, const std::string& detail);
 
 // Valid only while initialised.

@@ -12,6 +12,7 @@ import pytest
 
 from mpi_launch import launch_command, working_tree_env
 from tfring.elastic.blacklist import HostBlacklist
+from tfring.elastic import membership
 from tfring.elastic.discovery import removed_hosts
 from tfring.launcher import cli as runner
 from tfring.launcher import command as launch_command_line
@@ -102,6 +103,43 @@ def test_a_rank_that_dies_during_the_reset_causes_one_more_reset():
     assert results[0]["weights"] == results[1]["weights"], result.describe()
     np.testing.assert_allclose(results[0]["weights"],
                                _expected_weights(STEPS), rtol=1e-12)
+
+
+def test_ranks_whose_training_function_raises_leave_and_the_others_go_on():
+    # Rank 2's training function raises at step 4, then rank 0's (the
+    # state's source) at step 7: rank 1 finishes alone, from the last
+    # commits, and the job succeeds.
+    result = _tfringrun(3, 1, [TF_LOOP, "raise", str(STEPS), str(COMMIT_EVERY),
+                               "2", "4"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    [survivor] = _results(result.output)
+    assert (survivor["original_rank"], survivor["rank"], survivor["size"]) == (
+        1, 0, 1), result.describe()
+    np.testing.assert_allclose(survivor["weights"], _expected_weights(STEPS),
+                               rtol=1e-12)
+    for rank, step in ((2, 4), (0, 7)):
+        assert re.search(
+            rf"rank \d's training function raised RuntimeError: rank {rank} "
+            rf"raised at step {step} on purpose; the rank leaves the job, and "
+            r"the others go on without it from the last commit",
+            result.output), result.describe()
+
+
+def test_the_job_fails_with_the_error_when_every_rank_raises():
+    result = _tfringrun(3, 1, [TF_LOOP, "all_raise", str(STEPS),
+                               str(COMMIT_EVERY), "0", "4"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    # Which ranks raise first, and so leave before the others, varies; the
+    # last ones end the job with their error.
+    assert re.search(
+        r"training function raised RuntimeError: rank \d raised at step 4 on "
+        r"purpose, and so did every other rank left in the job; the job ends "
+        r"with the error", result.output), result.describe()
+    assert re.search(r"RuntimeError: rank \d raised at step 4 on purpose\n",
+                     result.output), result.describe()
+    assert "RESULT" not in result.output
 
 
 def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options):
@@ -258,3 +296,60 @@ def test_hosts_no_longer_listed_leave_unless_none_of_the_job_is_listed(
     assert removed_hosts({}, running) == []
     assert removed_hosts({"other": 4}, running) == []
     assert capsys.readouterr().err.count("lists none of the job's hosts") == 1
+
+
+class _Communicator:
+    """What Membership needs of a communicator to drop departing ranks:
+    every rank's (raised, on a leaving host, host), and Split."""
+
+    UNDEFINED = -32766
+
+    def __init__(self, rank, departures):
+        self.rank, self.departures, self.colors = rank, departures, []
+
+    def allgather(self, mine):
+        assert mine == self.departures[self.rank]
+        return self.departures
+
+    def Get_rank(self):
+        return self.rank
+
+    def Split(self, color, key):
+        self.colors.append(color)
+        return None if color == self.UNDEFINED else "remaining"
+
+
+def _departing(monkeypatch, rank, departures, leaving_hosts=()):
+    members = membership.Membership()
+    monkeypatch.setattr(membership, "_mpi", lambda: _Communicator)
+    members.raised, members._host = departures[rank][0], departures[rank][2]
+    members.leaving_hosts = set(leaving_hosts)
+    comm = _Communicator(rank, departures)
+    return members, comm, members._without_departing_ranks(comm)
+
+
+def test_a_rank_that_raised_departs_and_its_host_is_blacklisted(monkeypatch):
+    departures = [(False, False, "node1"), (True, False, "node2")]
+    members, comm, remaining = _departing(monkeypatch, 0, departures)
+    assert (remaining, members.left, members.job_failed) == (
+        "remaining", False, False)
+    assert members.blacklist.is_blacklisted("node2")
+    members, comm, remaining = _departing(monkeypatch, 1, departures)
+    assert (remaining, members.left, members.job_failed) == (None, True, False)
+    assert comm.colors == [_Communicator.UNDEFINED]
+
+
+def test_when_only_ranks_that_raised_remain_the_job_fails(monkeypatch):
+    # Rank 1 leaves with its host, rank 0 raised: nobody would go on.
+    departures = [(True, False, None), (False, True, "node2")]
+    members, comm, remaining = _departing(monkeypatch, 0, departures)
+    assert (remaining, members.left, members.job_failed) == (None, False, True)
+    members, comm, remaining = _departing(monkeypatch, 1, departures, ["node2"])
+    assert (remaining, members.left, members.job_failed) == (None, True, False)
+    assert comm.colors == []  # every rank knows: no split
+
+
+def test_without_departures_the_communicator_stays(monkeypatch):
+    departures = [(False, False, None)] * 2
+    members, comm, remaining = _departing(monkeypatch, 1, departures)
+    assert remaining is comm and comm.colors == [] and not members.left

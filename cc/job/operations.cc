@@ -22,6 +22,7 @@
 #include "cc/transport/data_path.h"
 #include "cc/job/job_config.h"
 #include "cc/logging.h"
+#include "cc/transport/mpi_failures.h"
 #include "cc/transport/mpi_transport.h"
 #include "cc/negotiation/process_set_checks.h"
 #include "cc/negotiation/process_set_registry.h"
@@ -368,6 +369,14 @@ Status ShutdownForReset() {
   CoreState& state = State();
   std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
   return ShutdownLocked(state, /*stop_timeline=*/false);
+}
+
+void RevokeJob() {
+  CoreState& state = State();
+  std::lock_guard<std::mutex> lock(state.lifecycle_mutex);
+  // MPI_THREAD_MULTIPLE (required at init): the background thread may be
+  // inside a call on this communicator, which then fails as revoked.
+  if (state.transport) RevokeAfterFailure(state.transport->comm());
 }
 
 void MarkTimeline(const std::string& name, const std::string& detail) {

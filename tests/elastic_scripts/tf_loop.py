@@ -10,7 +10,10 @@ survivors rebuilt the job and before the state is synced) or grow (rank 0
 writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
 discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
 ranks at a later commit) or rewrite_hosts (as grow, writing
-$TFRING_TEST_NEW_HOSTS instead: hosts it leaves out lose their ranks).
+$TFRING_TEST_NEW_HOSTS instead: hosts it leaves out lose their ranks) or
+raise (KILL_RANK's training function raises at step KILL_STEP, then rank
+0's, if it is another, COMMIT_EVERY steps later) or all_raise (every rank's
+training function raises at step KILL_STEP).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -87,6 +90,12 @@ def train(state):
                     f.write(f"localhost:{kill_rank}\n" if scenario == "grow"
                             else os.environ["TFRING_TEST_NEW_HOSTS"])
             time.sleep(0.05)  # time for the discovery script's next run
+        raises_at = {kill_rank: kill_step}
+        raises_at.setdefault(0, kill_step + commit_every)
+        if ((scenario == "raise" and raises_at.get(original_rank) == state.step)
+                or (scenario == "all_raise" and state.step == kill_step)):
+            raise RuntimeError(f"rank {original_rank} raised at step "
+                               f"{state.step} on purpose")
         ranks = int(train_step(tf.constant(state.step, tf.int64)))
         if ranks != tfring.size():
             raise AssertionError(f"a Sum of 1 on every rank gave {ranks} at "

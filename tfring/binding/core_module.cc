@@ -170,6 +170,8 @@ PYBIND11_MODULE(_core, m) {
         ThrowIfError(status);
       },
       "Stops the core like shutdown(), leaving the timeline open.");
+  m.def("revoke_job", &tfring::RevokeJob,
+        "Elastic: revokes the job's communicator so every rank's core stops as after a failure.");
   m.def("mark_timeline", &tfring::MarkTimeline, py::arg("name"), py::arg("detail"),
         "Rank 0: an instant event on the timeline's cycles row (when recording).");
   m.def("mpi_threads_supported", &tfring::MpiThreadsSupported);

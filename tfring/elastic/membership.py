@@ -108,6 +108,12 @@ class Membership:
         # job at the next reset, and `left` is then True on them.
         self.leaving_hosts = set()
         self.left = False
+        # Set by the run loop on a rank whose training function raised: it
+        # leaves the job at the next reset (`left` then True on it), unless
+        # no rank that did not raise is left, which ends the job: `job_failed`
+        # is then True on the ranks that raised, which end with their errors.
+        self.raised = False
+        self.job_failed = False
         # Hosts where ranks died: no new ranks there (for a cooldown with
         # --blacklist-cooldown-range). Every rank keeps it, so the one that
         # becomes rank 0 after a failure has it too.
@@ -210,10 +216,9 @@ class Membership:
         survivors = self.comm.Shrink()
         survivors.Set_errhandler(MPI.ERRORS_RETURN)
         self._blacklist_hosts_of_dead_ranks(survivors)
-        if self.leaving_hosts:
-            survivors = self._without_leaving_hosts(survivors)
-            if survivors is None:
-                return
+        survivors = self._without_departing_ranks(survivors)
+        if survivors is None:
+            return
         growth, self.growth = self.growth, []
         if growth:
             survivors = self._start_ranks(survivors, growth)
@@ -249,14 +254,30 @@ class Membership:
             if rank not in alive:
                 self.blacklist.add(host)
 
-    def _without_leaving_hosts(self, comm):
-        """The ranks of `comm` outside the leaving hosts, in their order, as
-        a communicator (collective over `comm`); None on a leaving rank,
-        which is then out of the job."""
+    def _without_departing_ranks(self, comm):
+        """The ranks of `comm` that go on, in their order, as a communicator
+        (collective over `comm`): without the ranks of leaving hosts and the
+        ranks whose training function raised (their hosts are blacklisted,
+        as a dead rank's). None on a departing rank, which is then out of
+        the job; None on every rank when none would go on."""
         MPI = _mpi()
-        stays = self._host not in self.leaving_hosts
-        remaining = comm.Split(0 if stays else MPI.UNDEFINED, comm.Get_rank())
+        leaving_host = self._host in self.leaving_hosts
+        departures = comm.allgather((self.raised, leaving_host, self._host))
         self.leaving_hosts = set()
+        for raised, _, host in departures:
+            if raised and host is not None:
+                self.blacklist.add(host)
+        stays = not self.raised and not leaving_host
+        if not any(not raised and not leaving
+                   for raised, leaving, _ in departures):
+            # Only ranks that raised (or leave with their host) are left:
+            # the job ends, with the errors of the ranks that raised.
+            self.job_failed = self.raised
+            self.left = not self.raised
+            return None
+        if all(not raised and not leaving for raised, leaving, _ in departures):
+            return comm
+        remaining = comm.Split(0 if stays else MPI.UNDEFINED, comm.Get_rank())
         if not stays:
             self.left = True
             return None

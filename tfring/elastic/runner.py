@@ -5,13 +5,17 @@
 # loop turns a dead rank into a rollback to the last commit on the
 # survivors (InternalError), and a host change into a reset without
 # rollback (HostsUpdatedInterrupt), as Horovod's elastic run does; the ranks
-# of a host no longer discovered leave there. It
+# of a host no longer discovered leave there. A rank whose training function
+# raises is a failed rank too, as in Horovod: it stops every rank's
+# collectives, leaves at the reset, and the others go on from the last
+# commit; the job ends with the error only when every rank left raised. It
 # decides whether an exception is a failure by asking the core (a collective
 # that failed because a peer died arrives as the framework's own error type)
 # and MPI (a failure seen by mpi4py while the state was broadcast).
 
 import functools
 import sys
+import traceback
 
 from tfring import _core
 from tfring.elastic import discovery as _discovery
@@ -100,19 +104,28 @@ def run_fn(func, before_reset=None):
                 skip_sync = e.skip_sync
                 agreed = False
             except Exception as e:  # noqa: BLE001 (classified just below)
-                if not _is_failure(e):
-                    raise
                 failed = True
                 agreed = False
-                print(f"tfring elastic: rank {members.comm.Get_rank()} saw a "
-                      f"failure, resetting: {_reason(e)}", file=sys.stderr,
-                      flush=True)
+                if _is_failure(e):
+                    print(f"tfring elastic: rank {members.comm.Get_rank()} "
+                          f"saw a failure, resetting: {_reason(e)}",
+                          file=sys.stderr, flush=True)
+                else:
+                    # KeyboardInterrupt and SystemExit are no Exception:
+                    # they end the rank as before.
+                    raised = (e, members.comm.Get_rank())
+                    members.raised = True
+                    _core.revoke_job()
             if failed:
                 members.revoke()
                 state.restore()
                 skip_sync = False
             _reset(members, agreed, before_reset)
+            if members.job_failed:
+                _end_with_error(*raised)
             if members.left:
+                if members.raised:
+                    _leave_after_raising(*raised)
                 _leave(members)
             if _refill.refill_to_min_np(members, settings):
                 skip_sync = False  # the started ranks need the state
@@ -130,6 +143,32 @@ def _leave(members):
           f"{members.host()}; its rank leaves the job, which goes on without "
           "it.", file=sys.stderr, flush=True)
     raise SystemExit(0)
+
+
+def _leave_after_raising(error, rank):
+    """Ends a rank whose training function raised, after the others reset
+    without it: it exits cleanly (status 0), so that the job's exit status
+    is that of the ranks that go on."""
+    traceback.print_exception(error, file=sys.stderr)
+    print(f"tfring elastic: rank {rank}'s training function raised "
+          f"{_described(error)}; the rank leaves the job, and the others go "
+          "on without it from the last commit.", file=sys.stderr, flush=True)
+    raise SystemExit(0)
+
+
+def _end_with_error(error, rank):
+    """Ends a rank whose training function raised when every rank left in
+    the job raised too: nothing would go on, so the job fails with the
+    error, as a job whose ranks all failed does in Horovod."""
+    print(f"tfring elastic: rank {rank}'s training function raised "
+          f"{_described(error)}, and so did every other rank left in the "
+          "job; the job ends with the error.", file=sys.stderr, flush=True)
+    raise error
+
+
+def _described(error):
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _reset(members, agreed, before_reset):
