@@ -142,7 +142,8 @@ def test_the_job_fails_with_the_error_when_every_rank_raises():
     assert "RESULT" not in result.output
 
 
-def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options):
+def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options,
+                     **extra_env):
     """A job whose discovery script lists `hosts_listed` (polled often)."""
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text(hosts_listed)
@@ -150,7 +151,7 @@ def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options
         ranks, min_np, script_args,
         options=[*options, "--host-discovery-script", DISCOVER_HOSTS],
         TFRING_TEST_HOSTS_FILE=str(hosts_file),
-        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1", **extra_env)
 
 
 def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
@@ -183,17 +184,41 @@ def test_below_min_np_ends_the_job_with_the_reason():
 def test_below_min_np_waits_for_usable_slots_until_the_timeout(tmp_path):
     # A slot is free after the death, but on the host where the rank died,
     # which gets no new rank (blacklisted for good without a cooldown range).
+    # Rank 1 dies when the wait starts: the last rank resets and waits again.
     result = _discovering_run(
         tmp_path, "localhost:3\n", 3, 3,
-        [TF_LOOP, "mid_step", str(STEPS), str(COMMIT_EVERY), "2", "4"],
+        [TF_LOOP, "die_waiting", str(STEPS), str(COMMIT_EVERY), "2", "4"],
         ["-H", "localhost:3", "--elastic-timeout", "2"])
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()
-    assert re.search(r"only 2 ranks are left after a reset, and the host "
+    assert re.search(r"rank 0 saw a failure while waiting for free slots, "
+                     r"resetting", result.output), result.describe()
+    assert re.search(r"only 1 ranks are left after a reset, and the host "
                      r"discovery script listed no usable free slots for the "
-                     r"1 more that the minimum 3 \(--min-np\) needs within "
+                     r"2 more that the minimum 3 \(--min-np\) needs within "
                      r"2 s \(--elastic-timeout\)", result.output), result.describe()
     assert "RESULT" not in result.output
+
+
+def test_below_min_np_a_slot_listed_during_the_wait_gets_a_rank(tmp_path):
+    # Rank 1 dies; the listing has no free slot. When the wait starts, the
+    # script lists one more slot, on the host where the rank died, usable
+    # again after its 1 s cooldown: a rank is started there, receives the
+    # state, and the job finishes at 3 ranks.
+    result = _discovering_run(
+        tmp_path, "localhost:2\n", 3, 3,
+        [TF_LOOP, "refill", str(STEPS), str(COMMIT_EVERY), "1", "4"],
+        ["-H", "localhost:3", "--elastic-timeout", "120",
+         "--blacklist-cooldown-range", "1", "1"],
+        TFRING_TEST_NEW_HOSTS="localhost:3\n")
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 2, 2], result.describe()
+    assert all(r["size"] == 3 for r in results), result.describe()
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
 
 
 def _command(argv, cpu_count=8):
