@@ -17,7 +17,10 @@ training function raises at step KILL_STEP) or refill (as mid_step, and
 when the job, now below --min-np, starts waiting for free slots, rank 0
 writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE) or die_waiting
 (as mid_step, and rank KILL_RANK - 1 dies when the wait for free slots
-starts).
+starts) or host_lost_then_grow (ranks KILL_RANK and above, a whole host,
+die together with SIGKILL before their allreduce at step KILL_STEP; then
+rank 0 writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE at step
+KILL_STEP + COMMIT_EVERY).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -109,12 +112,19 @@ def train_step(step):
 @elastic.run
 def train(state):
     while state.step < steps:
+        if (scenario == "host_lost_then_grow" and original_rank >= kill_rank
+                and state.step == kill_step):
+            die()
+        if (scenario == "host_lost_then_grow" and original_rank == 0
+                and state.step == kill_step + commit_every):
+            list_new_hosts()
         if (scenario in ("mid_step", "during_reset", "refill", "die_waiting")
                 and original_rank == kill_rank
                 and state.step == kill_step):
             die()
-        if scenario in ("grow", "rewrite_hosts"):
-            if original_rank == 0 and state.step == kill_step:
+        if scenario in ("grow", "rewrite_hosts", "host_lost_then_grow"):
+            if (scenario != "host_lost_then_grow" and original_rank == 0
+                    and state.step == kill_step):
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
                     f.write(f"localhost:{kill_rank}\n" if scenario == "grow"
                             else os.environ["TFRING_TEST_NEW_HOSTS"])
