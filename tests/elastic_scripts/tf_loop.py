@@ -9,7 +9,8 @@ mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
 survivors rebuilt the job and before the state is synced) or grow (rank 0
 writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
 discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
-ranks at a later commit) or rewrite_hosts (as grow, writing
+ranks at a later commit; a rank it starts dies with SIGKILL mid-step, one
+step after its first commit) or rewrite_hosts (as grow, writing
 $TFRING_TEST_NEW_HOSTS instead: hosts it leaves out lose their ranks) or
 raise (KILL_RANK's training function raises at step KILL_STEP, then rank
 0's, if it is another, COMMIT_EVERY steps later) or all_raise (every rank's
@@ -109,9 +110,22 @@ def train_step(step):
     return tfring.allreduce(tf.constant(1, tf.int32), op=tfring.Sum)
 
 
+# Set for the ranks started into the running job (tfring/elastic/membership.py).
+started_rank = bool(os.environ.get("TFRING_ELASTIC_HOST"))
+joined_at_step = None
+
+
 @elastic.run
 def train(state):
+    global joined_at_step
+    if joined_at_step is None:
+        joined_at_step = state.step
     while state.step < steps:
+        if (scenario == "grow" and started_rank
+                and state.step == joined_at_step + commit_every + 1):
+            print(f"DYING started rank {original_rank} at size {tfring.size()}",
+                  flush=True)
+            die()
         if (scenario == "host_lost_then_grow" and original_rank >= kill_rank
                 and state.step == kill_step):
             die()
