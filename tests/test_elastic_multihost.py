@@ -1,11 +1,12 @@
 # Elastic training across hosts: 3 "hosts" that are network namespaces of
-# this machine (tools/netns_hosts.py), one rank each; the rank of the third
-# host is killed with SIGKILL mid-step and the others finish over MPI's TCP
-# path from the last commit. (PRRTE ends the job when a host's daemon dies,
-# so a lost host is its ranks killed: docs/elastic.md.) Then the host
-# discovery script stops listing the third host: its rank leaves and the
-# others go on without a rollback. Skips where network namespaces cannot be
-# made.
+# this machine (tools/netns_hosts.py). Both ranks of one host are killed
+# with SIGKILL mid-step at once, and the others finish over MPI's TCP path
+# from the last commit; a host in -H that ran no rank is then discovered
+# and gets a rank, which receives the state. (PRRTE ends the job when a
+# host's daemon dies, so a lost host is its ranks killed: docs/elastic.md.)
+# Then the host discovery script stops listing the third host: its rank
+# leaves and the others go on without a rollback. Skips where network
+# namespaces cannot be made.
 
 import json
 import os
