@@ -13,6 +13,8 @@ import pytest
 from mpi_launch import launch_command, working_tree_env
 from tfring.elastic.blacklist import HostBlacklist
 from tfring.elastic import membership
+from tfring.elastic import runner as runner_loop
+from tfring.elastic import settings
 from tfring.elastic.discovery import removed_hosts
 from tfring.launcher import cli as runner
 from tfring.launcher import command as launch_command_line
@@ -177,14 +179,16 @@ def test_a_discovered_slot_gets_a_new_rank_whose_death_the_others_survive(
                                _expected_weights(steps), rtol=1e-12)
 
 
-def test_below_min_np_ends_the_job_with_the_reason():
-    result = _tfringrun(3, 3, [TF_LOOP, "mid_step", str(STEPS),
-                               str(COMMIT_EVERY), "2", "4"])
-    assert not result.timed_out, result.describe()
-    assert result.returncode != 0, result.describe()
-    assert re.search(r"only 2 ranks are left after a reset, fewer than the "
-                     r"minimum 3 \(--min-np\)", result.output), result.describe()
-    assert "RESULT" not in result.output
+def test_below_min_np_without_a_script_ends_the_job_at_once(monkeypatch):
+    # No rank could join: no wait. (A job ended below --min-np, with real
+    # ranks: the timeout test below.)
+    monkeypatch.delenv("TFRING_ELASTIC_DISCOVERY_SCRIPT", raising=False)
+    members = type("Members", (), {"resets": 1, "comm": type(
+        "Comm", (), {"Get_size": lambda self: 2})()})()
+    limits = settings.Settings(enabled=True, min_np=3)
+    with pytest.raises(RuntimeError, match=r"only 2 ranks are left after a "
+                       r"reset, fewer than the minimum 3 \(--min-np\)"):
+        runner_loop._check_limits(members, limits)
 
 
 def test_below_min_np_waits_for_usable_slots_until_the_timeout(tmp_path):
