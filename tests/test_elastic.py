@@ -13,6 +13,8 @@ import pytest
 from mpi_launch import launch_command, working_tree_env
 from tfring.elastic.blacklist import HostBlacklist
 from tfring.elastic import membership
+from tfring.elastic import runner as runner_loop
+from tfring.elastic import settings
 from tfring.elastic.discovery import removed_hosts
 from tfring.launcher import cli as runner
 from tfring.launcher import command as launch_command_line
@@ -142,7 +144,8 @@ def test_the_job_fails_with_the_error_when_every_rank_raises():
     assert "RESULT" not in result.output
 
 
-def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options):
+def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options,
+                     **extra_env):
     """A job whose discovery script lists `hosts_listed` (polled often)."""
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text(hosts_listed)
@@ -150,50 +153,82 @@ def _discovering_run(tmp_path, hosts_listed, ranks, min_np, script_args, options
         ranks, min_np, script_args,
         options=[*options, "--host-discovery-script", DISCOVER_HOSTS],
         TFRING_TEST_HOSTS_FILE=str(hosts_file),
-        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+        TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1", **extra_env)
 
 
-def test_a_discovered_slot_gets_a_new_rank_that_receives_the_state(tmp_path):
+def test_a_discovered_slot_gets_a_new_rank_whose_death_the_others_survive(
+        tmp_path):
+    # The job grows from 2 ranks to 3; the started rank dies one step after
+    # its first commit, and the others finish from that commit. (Started
+    # ranks that finish, with the state they received: the tests below and
+    # test_elastic_multihost.py.)
     steps = 40
     result = _discovering_run(
-        tmp_path, "localhost:2\n", 2, 2,
+        tmp_path, "localhost:2\n", 2, 1,
         [TF_LOOP, "grow", str(steps), str(COMMIT_EVERY), "3", "3"],
         ["--max-np", "3", "-H", "localhost:3"])
     assert not result.timed_out, result.describe()
+    # Not ended by the started rank's death (prterun's status was 137).
     assert result.returncode == 0, result.describe()
+    assert "DYING started rank 2 at size 3" in result.output, result.describe()
     results = _results(result.output)
-    assert sorted(r["original_rank"] for r in results) == [0, 1, 2], result.describe()
-    assert all(r["size"] == 3 for r in results), result.describe()
-    # No rollback: the plain recurrence, and the new rank received it.
-    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
+    assert all(r["size"] == 2 for r in results), result.describe()
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
     np.testing.assert_allclose(results[0]["weights"],
                                _expected_weights(steps), rtol=1e-12)
 
 
-def test_below_min_np_ends_the_job_with_the_reason():
-    result = _tfringrun(3, 3, [TF_LOOP, "mid_step", str(STEPS),
-                               str(COMMIT_EVERY), "2", "4"])
-    assert not result.timed_out, result.describe()
-    assert result.returncode != 0, result.describe()
-    assert re.search(r"only 2 ranks are left after a reset, fewer than the "
-                     r"minimum 3 \(--min-np\)", result.output), result.describe()
-    assert "RESULT" not in result.output
+def test_below_min_np_without_a_script_ends_the_job_at_once(monkeypatch):
+    # No rank could join: no wait. (A job ended below --min-np, with real
+    # ranks: the timeout test below.)
+    monkeypatch.delenv("TFRING_ELASTIC_DISCOVERY_SCRIPT", raising=False)
+    members = type("Members", (), {"resets": 1, "comm": type(
+        "Comm", (), {"Get_size": lambda self: 2})()})()
+    limits = settings.Settings(enabled=True, min_np=3)
+    with pytest.raises(RuntimeError, match=r"only 2 ranks are left after a "
+                       r"reset, fewer than the minimum 3 \(--min-np\)"):
+        runner_loop._check_limits(members, limits)
 
 
 def test_below_min_np_waits_for_usable_slots_until_the_timeout(tmp_path):
     # A slot is free after the death, but on the host where the rank died,
     # which gets no new rank (blacklisted for good without a cooldown range).
+    # Rank 1 dies when the wait starts: the last rank resets and waits again.
     result = _discovering_run(
         tmp_path, "localhost:3\n", 3, 3,
-        [TF_LOOP, "mid_step", str(STEPS), str(COMMIT_EVERY), "2", "4"],
+        [TF_LOOP, "die_waiting", str(STEPS), str(COMMIT_EVERY), "2", "4"],
         ["-H", "localhost:3", "--elastic-timeout", "2"])
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()
-    assert re.search(r"only 2 ranks are left after a reset, and the host "
+    assert re.search(r"rank 0 saw a failure while waiting for free slots, "
+                     r"resetting", result.output), result.describe()
+    assert re.search(r"only 1 ranks are left after a reset, and the host "
                      r"discovery script listed no usable free slots for the "
-                     r"1 more that the minimum 3 \(--min-np\) needs within "
+                     r"2 more that the minimum 3 \(--min-np\) needs within "
                      r"2 s \(--elastic-timeout\)", result.output), result.describe()
     assert "RESULT" not in result.output
+
+
+def test_below_min_np_a_slot_listed_during_the_wait_gets_a_rank(tmp_path):
+    # Rank 1 dies; the listing has no free slot. When the wait starts, the
+    # script lists one more slot, on the host where the rank died, usable
+    # again after its 1 s cooldown: a rank is started there, receives the
+    # state, and the job finishes at 3 ranks.
+    result = _discovering_run(
+        tmp_path, "localhost:2\n", 3, 3,
+        [TF_LOOP, "refill", str(STEPS), str(COMMIT_EVERY), "1", "4"],
+        ["-H", "localhost:3", "--elastic-timeout", "120",
+         "--blacklist-cooldown-range", "1", "1"],
+        TFRING_TEST_NEW_HOSTS="localhost:3\n")
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 2, 2], result.describe()
+    assert all(r["size"] == 3 for r in results), result.describe()
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
 
 
 def _command(argv, cpu_count=8):
@@ -206,6 +241,10 @@ def test_elastic_options_run_open_mpi_fault_tolerant_and_tell_the_ranks():
     command = _command(["-np", "4", "--min-np", "2", "--max-np", "6",
                         "--reset-limit", "3", "python", "train.py"])
     assert command[command.index("--with-ft") + 1] == "ulfm"
+    # Started ranks' jobs too: a started rank's death does not end prterun.
+    recoverable = command.index("state_base_recoverable")
+    assert command[recoverable - 1:recoverable + 2] == [
+        "--prtemca", "state_base_recoverable", "1"], command
     for setting in ("TFRING_ELASTIC=1", "TFRING_ELASTIC_MIN_NP=2",
                     "TFRING_ELASTIC_MAX_NP=6", "TFRING_ELASTIC_RESET_LIMIT=3",
                     "TFRING_SHM=0", "MPI4PY_RC_FINALIZE=0"):

@@ -1,11 +1,12 @@
 # Elastic training across hosts: 3 "hosts" that are network namespaces of
-# this machine (tools/netns_hosts.py), one rank each; the rank of the third
-# host is killed with SIGKILL mid-step and the others finish over MPI's TCP
-# path from the last commit. (PRRTE ends the job when a host's daemon dies,
-# so a lost host is its ranks killed: docs/elastic.md.) Then the host
-# discovery script stops listing the third host: its rank leaves and the
-# others go on without a rollback. Skips where network namespaces cannot be
-# made.
+# this machine (tools/netns_hosts.py). Both ranks of one host are killed
+# with SIGKILL mid-step at once, and the others finish over MPI's TCP path
+# from the last commit; a host in -H that ran no rank is then discovered
+# and gets a rank, which receives the state. (PRRTE ends the job when a
+# host's daemon dies, so a lost host is its ranks killed: docs/elastic.md.)
+# Then the host discovery script stops listing the third host: its rank
+# leaves and the others go on without a rollback. Skips where network
+# namespaces cannot be made.
 
 import json
 import os
@@ -31,9 +32,10 @@ def hosts():
         yield made
 
 
-def _run(hosts, options, script_args, **extra_env):
-    argv = [sys.executable, "-m", "tfring.launcher.cli", "-np", "3",
-            "--min-np", "2", "-H", ",".join(f"{h}:1" for h in HOST_NAMES),
+def _run(hosts, options, script_args, ranks=3, slots=(1, 1, 1), **extra_env):
+    argv = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
+            "--min-np", "2", "-H",
+            ",".join(f"{h}:{n}" for h, n in zip(HOST_NAMES, slots)),
             *options, sys.executable, TF_LOOP, *script_args]
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
@@ -47,23 +49,42 @@ def _run(hosts, options, script_args, **extra_env):
     return result
 
 
-def _check_survivors_of_two_hosts(result, steps):
+def _check_results(result, steps, hosts_by_rank):
+    """The ranks that finish: {original rank: host}, all at the same size,
+    with the weights of the plain recurrence."""
     results = [json.loads(line.split("RESULT ", 1)[1])
                for line in result.output.splitlines() if "RESULT " in line]
-    assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
-    assert sorted(r["host"] for r in results) == ["hostA", "hostB"], results
-    assert all(r["size"] == 2 for r in results), result.describe()
-    assert results[0]["weights"] == results[1]["weights"], result.describe()
+    assert {r["original_rank"]: r["host"] for r in results} == hosts_by_rank, (
+        result.describe())
+    assert len(results) == len(hosts_by_rank), result.describe()
+    assert all(r["size"] == len(results) for r in results), result.describe()
+    assert all(r["weights"] == results[0]["weights"] for r in results), (
+        result.describe())
     weights = np.array([1.0, -2.0, 0.5])
     for step in range(steps):
         weights = weights - (0.01 * weights + 0.001 * step)
     np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-12)
 
 
-def test_the_rank_of_a_lost_host_is_dropped_and_the_others_finish(hosts):
-    steps = 12
-    result = _run(hosts, [], ["mid_step", str(steps), "3", "2", "7"])
-    _check_survivors_of_two_hosts(result, steps)
+def test_a_whole_host_is_lost_then_a_discovered_host_gets_a_rank(
+        hosts, tmp_path):
+    # 4 ranks, 2 on hostA and 2 on hostB; hostC is in -H but not used at
+    # launch. Both ranks of hostB die together (SIGKILL) at step 7: the
+    # ranks of hostA go on from the last commit. At step 10 the discovery
+    # script starts listing hostC: a rank starts there, receives the state,
+    # and the job finishes at 3 ranks on two hosts.
+    steps = 24
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("hostA:2\nhostB:2\n")
+    result = _run(hosts, ["--max-np", "4",
+                          "--host-discovery-script", DISCOVER_HOSTS],
+                  ["host_lost_then_grow", str(steps), "3", "2", "7"],
+                  ranks=4, slots=(2, 2, 1),
+                  TFRING_TEST_HOSTS_FILE=str(hosts_file),
+                  TFRING_TEST_NEW_HOSTS="hostA:2\nhostB:2\nhostC:1\n",
+                  TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
+    assert "saw a failure, resetting" in result.output, result.describe()
+    _check_results(result, steps, {0: "hostA", 1: "hostA", 2: "hostC"})
 
 
 def test_the_rank_of_a_host_no_longer_discovered_leaves_without_rollback(
@@ -76,7 +97,7 @@ def test_the_rank_of_a_host_no_longer_discovered_leaves_without_rollback(
                   TFRING_TEST_HOSTS_FILE=str(hosts_file),
                   TFRING_TEST_NEW_HOSTS="hostA:1\nhostB:1\n",
                   TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
-    _check_survivors_of_two_hosts(result, steps)
+    _check_results(result, steps, {0: "hostA", 1: "hostB"})
     assert ("the host discovery script no longer lists host hostC; its rank "
             "leaves the job") in result.output, result.describe()
     # A host change, not a failure: nobody rolled back.

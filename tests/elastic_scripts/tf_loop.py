@@ -9,11 +9,19 @@ mid_step, and rank KILL_RANK - 1 dies in the reset that follows, after the
 survivors rebuilt the job and before the state is synced) or grow (rank 0
 writes `localhost:KILL_RANK` to $TFRING_TEST_HOSTS_FILE, which the host
 discovery script prints, at step KILL_STEP: the job grows to KILL_RANK
-ranks at a later commit) or rewrite_hosts (as grow, writing
+ranks at a later commit; a rank it starts dies with SIGKILL mid-step, one
+step after its first commit) or rewrite_hosts (as grow, writing
 $TFRING_TEST_NEW_HOSTS instead: hosts it leaves out lose their ranks) or
 raise (KILL_RANK's training function raises at step KILL_STEP, then rank
 0's, if it is another, COMMIT_EVERY steps later) or all_raise (every rank's
-training function raises at step KILL_STEP).
+training function raises at step KILL_STEP) or refill (as mid_step, and
+when the job, now below --min-np, starts waiting for free slots, rank 0
+writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE) or die_waiting
+(as mid_step, and rank KILL_RANK - 1 dies when the wait for free slots
+starts) or host_lost_then_grow (ranks KILL_RANK and above, a whole host,
+die together with SIGKILL before their allreduce at step KILL_STEP; then
+rank 0 writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE at step
+KILL_STEP + COMMIT_EVERY).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -32,6 +40,7 @@ import tensorflow as tf
 
 import tfring
 import tfring.elastic as elastic
+from tfring.elastic import discovery
 
 scenario = sys.argv[1]
 steps, commit_every, kill_rank, kill_step = map(int, sys.argv[2:6])
@@ -58,6 +67,29 @@ class CommitDyingState(elastic.TensorFlowState):
 
 
 state = CommitDyingState([weights, embedding], step=0)
+
+
+def on_wait_for_slots(action):
+    # Every rank reads the discovery interval when the wait below --min-np
+    # starts (tfring/elastic/refill.py): the hook of these scenarios.
+    interval_s = discovery.interval_s
+
+    def hooked():
+        action()
+        return interval_s()
+
+    discovery.interval_s = hooked
+
+
+def list_new_hosts():
+    with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
+        f.write(os.environ["TFRING_TEST_NEW_HOSTS"])
+
+
+if scenario == "refill" and original_rank == 0:
+    on_wait_for_slots(list_new_hosts)
+if scenario == "die_waiting" and original_rank == kill_rank - 1:
+    on_wait_for_slots(die)
 if scenario == "during_reset" and original_rank == kill_rank - 1:
     state.register_reset_callbacks([die])
 
@@ -78,14 +110,35 @@ def train_step(step):
     return tfring.allreduce(tf.constant(1, tf.int32), op=tfring.Sum)
 
 
+# Set for the ranks started into the running job (tfring/elastic/membership.py).
+started_rank = bool(os.environ.get("TFRING_ELASTIC_HOST"))
+joined_at_step = None
+
+
 @elastic.run
 def train(state):
+    global joined_at_step
+    if joined_at_step is None:
+        joined_at_step = state.step
     while state.step < steps:
-        if (scenario in ("mid_step", "during_reset") and original_rank == kill_rank
+        if (scenario == "grow" and started_rank
+                and state.step == joined_at_step + commit_every + 1):
+            print(f"DYING started rank {original_rank} at size {tfring.size()}",
+                  flush=True)
+            die()
+        if (scenario == "host_lost_then_grow" and original_rank >= kill_rank
                 and state.step == kill_step):
             die()
-        if scenario in ("grow", "rewrite_hosts"):
-            if original_rank == 0 and state.step == kill_step:
+        if (scenario == "host_lost_then_grow" and original_rank == 0
+                and state.step == kill_step + commit_every):
+            list_new_hosts()
+        if (scenario in ("mid_step", "during_reset", "refill", "die_waiting")
+                and original_rank == kill_rank
+                and state.step == kill_step):
+            die()
+        if scenario in ("grow", "rewrite_hosts", "host_lost_then_grow"):
+            if (scenario != "host_lost_then_grow" and original_rank == 0
+                    and state.step == kill_step):
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
                     f.write(f"localhost:{kill_rank}\n" if scenario == "grow"
                             else os.environ["TFRING_TEST_NEW_HOSTS"])

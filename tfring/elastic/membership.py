@@ -299,7 +299,9 @@ class Membership:
                           json.dumps(environment), *sys.argv])
             counts.append(count)
             info = MPI.Info.Create()
-            info.Set("host", host)
+            # PRRTE reads a bare host name as one slot of it, and refuses
+            # to start more ranks there ("not enough slots available").
+            info.Set("host", f"{host}:{count}")
             info.Set("wdir", os.getcwd())
             infos.append(info)
         started = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)

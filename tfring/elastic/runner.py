@@ -127,8 +127,8 @@ def run_fn(func, before_reset=None):
                 if members.raised:
                     _leave_after_raising(*raised)
                 _leave(members)
-            if _refill.refill_to_min_np(members, settings):
-                skip_sync = False  # the started ranks need the state
+            if _refill_to_min_np(members, settings, before_reset):
+                skip_sync = False  # started ranks or a rollback need the state
             _check_limits(members, settings)
             state.on_reset()
 
@@ -169,6 +169,25 @@ def _end_with_error(error, rank):
 def _described(error):
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _refill_to_min_np(members, settings, before_reset):
+    """Waits for discovered slots below --min-np (tfring/elastic/refill.py),
+    resetting again when a rank dies during the wait. True when the state
+    must be synced: ranks were started, or a rank died meanwhile."""
+    rank_died = False
+    while True:
+        try:
+            return _refill.refill_to_min_np(members, settings) or rank_died
+        except Exception as e:  # noqa: BLE001
+            if not _is_failure(e):
+                raise
+            print(f"tfring elastic: rank {members.comm.Get_rank()} saw a "
+                  f"failure while waiting for free slots, resetting: "
+                  f"{_reason(e)}", file=sys.stderr, flush=True)
+            members.revoke()
+            _reset(members, False, before_reset)
+            rank_died = True
 
 
 def _reset(members, agreed, before_reset):

@@ -20,7 +20,13 @@ DISCOVERY_SCRIPT = "TFRING_ELASTIC_DISCOVERY_SCRIPT"
 DISCOVERY_SLOTS = "TFRING_ELASTIC_SLOTS"
 LAUNCH_HOSTS = "TFRING_ELASTIC_HOSTS"
 
-FAULT_TOLERANT_RUNTIME = ["--with-ft", "ulfm"]
+# `--with-ft ulfm` makes the launched job recoverable in PRRTE; ranks started
+# later (MPI_Comm_spawn, which has no info key for it) form jobs of their
+# own, which take PRRTE's default: without state_base_recoverable, a started
+# rank that dies makes prterun end with its status (137 after SIGKILL) even
+# when the others finish.
+FAULT_TOLERANT_RUNTIME = ["--with-ft", "ulfm",
+                          "--prtemca", "state_base_recoverable", "1"]
 
 
 def add_arguments(parser):
