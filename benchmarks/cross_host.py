@@ -4,6 +4,8 @@ against the link limit, raw MPI and torch DDP (gloo) with its PowerSGD hook.
     python benchmarks/cross_host.py                        # 2 hosts x 2 ranks, 1 Gbit/s, ResNet-50 set
     python benchmarks/cross_host.py --set small --repeats 2   # a quick check
     python benchmarks/cross_host.py --hosts 4 --ranks-per-host 1 --link-rate 10gbit
+    python benchmarks/cross_host.py --paths flat --wire fp32 --no-raw-mpi --powersgd-ranks 4
+                                                           # fp32 flat and PowerSGD r=4 only
 
 This machine plays the hosts (benchmarks/_namespace_hosts.py: network
 namespaces with token-bucket links, so the network between hosts is the
@@ -19,7 +21,13 @@ Two jobs run on the same hosts, one after the other:
     PowerSGD (tfring.PowerSGD, ranks 1, 4, 16, compressing from the first
     step) on the flat path; and raw MPI: one mpi4py Allreduce of the whole
     set as one float32 buffer. Results are checked once before timing
-    (fp32 exactly; bf16/fp16 within their bounds).
+    (fp32 exactly; bf16/fp16 within their bounds). --paths, --wire and
+    --no-raw-mpi leave variants out.
+  * PowerSGD's compute alone: one process (tfring at 1 rank, so the
+    allreduces move nothing) times the same PowerSGD step on one core,
+    printed next to the table: the part of a PowerSGD row that is
+    arithmetic, not network (the ranks of a host share its cores, so each
+    pays more than this). --no-compute-alone leaves it out.
   * with --with-ddp: torch DDP with gloo on the same gradient set (as
     parameters in torch's layout), plain and with DDP's powerSGD_hook
     (rank 4; the whole set in one DDP bucket, because the hook blocks a gloo
@@ -66,6 +74,18 @@ def parse_args(argv=None):
                         help="seconds before a job is ended (default 900)")
     parser.add_argument("--powersgd-ranks", default="1,4,16",
                         help="PowerSGD ranks to time, comma-separated (default 1,4,16)")
+    parser.add_argument("--paths", default="flat,hierarchical",
+                        help="tfring paths to time, comma-separated (default flat,hierarchical)")
+    parser.add_argument("--wire", default="fp32,bf16,fp16",
+                        help="grouped_allreduce compressions to time on each path, "
+                             "comma-separated (default fp32,bf16,fp16)")
+    parser.add_argument("--raw-mpi", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the raw MPI Allreduce (default yes)")
+    parser.add_argument("--compute-alone", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="time PowerSGD's compute alone, at 1 rank (default yes)")
+    parser.add_argument("--worker-compute", action="store_true",
+                        help="(internal) the 1-rank PowerSGD compute worker")
     parser.add_argument("--with-ddp", action="store_true",
                         help="also run the torch DDP (gloo) job (a few minutes more)")
     parser.add_argument("--only", choices=("tfring", "ddp"),
@@ -122,9 +142,14 @@ def tfring_worker(args):
     keys = [f"g{i}" for i in range(len(shapes))]
     compressions = {"fp32": hvd.Compression.none, "bf16 wire": hvd.Compression.bf16_wire,
                     "fp16 wire": hvd.Compression.fp16_wire}
+    labels = {"fp32": "fp32", "bf16": "bf16 wire", "fp16": "fp16 wire"}
+    wanted = {labels[w] for w in args.wire.split(",") if w in labels}
+    compressions = {k: v for k, v in compressions.items() if k in wanted}
+    paths = [p for p in (("flat", "0"), ("hierarchical", "1"))
+             if p[0] in args.paths.split(",")]
     bounds = {"fp32": 2.0 ** -20, "bf16 wire": 2.0 ** -7, "fp16 wire": 2.0 ** -9}
     times = {}
-    for path, setting in (("flat", "0"), ("hierarchical", "1")):
+    for path, setting in paths:
         os.environ["TFRING_HIERARCHICAL_ALLREDUCE"] = setting
         _progress(args, rank, f"{path}: tfring.init()")
         hvd.init()
@@ -146,8 +171,9 @@ def tfring_worker(args):
                 fn = tf.function(lambda ts, p=powersgd: p.reduce_gradient_list(
                     ts, keys, {"op": hvd.Average}))
                 variants[f"tfring flat, PowerSGD r={matrix_rank}"] = lambda fn=fn: fn(inputs)
-            variants["raw MPI (mpi4py Allreduce, one buffer)"] = \
-                lambda: comm.Allreduce(MPI.IN_PLACE, flat_buffer)
+            if args.raw_mpi:
+                variants["raw MPI (mpi4py Allreduce, one buffer)"] = \
+                    lambda: comm.Allreduce(MPI.IN_PLACE, flat_buffer)
         _progress(args, rank, f"{path}: timing {', '.join(variants)}")
         times.update(measure(comm, variants, args.repeats))
         if rank == 0:  # after each path, so a job that times out keeps them
@@ -156,6 +182,60 @@ def tfring_worker(args):
         _progress(args, rank, f"{path}: tfring.shutdown()")
         hvd.shutdown()
     _progress(args, rank, "done")
+
+
+# ------------------------------------------------ PowerSGD compute worker --
+
+def powersgd_compute_worker(args):
+    """PowerSGD's step at 1 rank on one core: its arithmetic alone."""
+    import numpy as np
+    import tensorflow as tf
+    import tfring as hvd
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    hvd.init()
+    with open(args.shapes_file) as f:
+        shapes = [tuple(s) for s in json.load(f)]
+    inputs = [tf.constant(_rank_values(0, s)) for s in shapes]
+    keys = [f"g{i}" for i in range(len(shapes))]
+    times = {}
+    for matrix_rank in [int(r) for r in args.powersgd_ranks.split(",") if r]:
+        powersgd = hvd.PowerSGD(rank=matrix_rank, start_iter=0, name=f"powersgd{matrix_rank}")
+        fn = tf.function(lambda ts, p=powersgd: p.reduce_gradient_list(
+            ts, keys, {"op": hvd.Average}))
+        for _ in range(2):
+            fn(inputs)
+        wall, cpu = [], []
+        for _ in range(args.repeats):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            fn(inputs)[0].numpy()
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - started_cpu)
+        times[matrix_rank] = (wall, cpu)
+    hvd.shutdown()
+    with open(args.results_file, "w") as f:
+        json.dump({str(k): v for k, v in times.items()}, f)
+
+
+def _powersgd_compute_alone(args, shapes_file):
+    """Runs powersgd_compute_worker in a process of its own (outside the
+    namespace hosts); returns {rank: (wall seconds[], cpu seconds[])}."""
+    with tempfile.TemporaryDirectory(prefix="tfring-compute-") as tmp:
+        results = os.path.join(tmp, "results.json")
+        root = os.path.dirname(HERE)  # this checkout's tfring, as the workers use
+        env = dict(os.environ, OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+                   TF_NUM_INTEROP_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(
+                       p for p in [root, os.environ.get("PYTHONPATH", "")] if p))
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--worker-compute",
+                        "--shapes-file", shapes_file, "--repeats", str(args.repeats),
+                        "--powersgd-ranks", args.powersgd_ranks,
+                        "--results-file", results],
+                       check=True, stdin=subprocess.DEVNULL, env=env,
+                       timeout=args.timeout)
+        with open(results) as f:
+            return {int(k): v for k, v in json.load(f).items()}
 
 
 # -------------------------------------------------------------- DDP worker --
@@ -265,8 +345,12 @@ def orchestrate(args):
         with open(shapes_file, "w") as f:
             json.dump([list(s) for s in shapes], f)
         common = ["--shapes-file", shapes_file, "--repeats", str(args.repeats),
-                  "--powersgd-ranks", args.powersgd_ranks]
-        times = {}
+                  "--powersgd-ranks", args.powersgd_ranks, "--paths", args.paths,
+                  "--wire", args.wire, "--raw-mpi" if args.raw_mpi else "--no-raw-mpi"]
+        times, compute = {}, {}
+        if args.compute_alone and args.only in (None, "tfring") and args.powersgd_ranks:
+            print("PowerSGD compute alone (1 rank) ...", flush=True)
+            compute = _powersgd_compute_alone(args, shapes_file)
         if args.only in (None, "tfring"):
             print("tfring job ...", flush=True)
             times.update(_run_job(hosts, args, common, "tfring")["times"])
@@ -291,12 +375,19 @@ def orchestrate(args):
         speedup = f"{limit / median:.2f}x" if limit else "-"
         print(f"| {label:<42} | {median * 1e3:9.0f} | {min(seconds) * 1e3:8.0f} | "
               f"{speedup:>19} |")
+    for matrix_rank, (wall, cpu) in compute.items():
+        print(f"PowerSGD r={matrix_rank} compute alone (1 rank, one core, no network): "
+              f"median {np.median(wall) * 1e3:.0f} ms (CPU {np.median(cpu) * 1e3:.0f} ms), "
+              f"min {min(wall) * 1e3:.0f} ms; here the {h * args.ranks_per_host} ranks "
+              f"share this machine's {os.cpu_count()} cores")
     sys.stdout.flush()
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.worker_ddp:
+    if args.worker_compute:
+        powersgd_compute_worker(args)
+    elif args.worker_ddp:
         ddp_worker(args)
     elif args.worker:
         tfring_worker(args)

@@ -158,3 +158,18 @@ def test_a_single_tensor_is_refused():
         tfring.allreduce(tf.ones((4, 4)), compression=tfring.PowerSGD())
     with pytest.raises(ValueError, match="Expected an integer of at least 1"):
         tfring.PowerSGD(rank=0)
+
+
+def test_stacked_factors_are_orthogonalised_matrix_by_matrix():
+    # The P factors of several matrices, stacked along their rows, come out
+    # with orthonormal columns within each matrix, as Gram-Schmidt on each.
+    from tfring.powersgd import _orthogonalize_stacked
+    rows = [5, 9, 4]
+    rng = np.random.default_rng(11)
+    parts = [rng.standard_normal((n, 3)) for n in rows]
+    stacked = _orthogonalize_stacked(
+        tf.constant(np.concatenate(parts), tf.float64), rows, 0.0).numpy()
+    for part, got in zip(parts, np.split(stacked, np.cumsum(rows)[:-1])):
+        np.testing.assert_allclose(got.T @ got, np.eye(3), atol=1e-12)
+        q, r = np.linalg.qr(part)
+        np.testing.assert_allclose(got, q * np.sign(np.diag(r)), atol=1e-12)
