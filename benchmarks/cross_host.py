@@ -17,7 +17,8 @@ Two jobs run on the same hosts, one after the other:
     grouped_allreduce in a tf.function with Compression.none, bf16_wire and
     fp16_wire, first on the flat path (TFRING_HIERARCHICAL_ALLREDUCE=0: wire
     compression then encodes every rank's data), then on the hierarchical
-    path (=1: float32 inside each host, only the cross-host slices encoded);
+    path (=1: float32 inside each host, only the cross-host slices encoded),
+    and with --paths default, with the variable unset (the core's choice);
     PowerSGD (tfring.PowerSGD, ranks 1, 4, 16, compressing from the first
     step) on the flat path; and raw MPI: one mpi4py Allreduce of the whole
     set as one float32 buffer. Results are checked once before timing
@@ -75,7 +76,9 @@ def parse_args(argv=None):
     parser.add_argument("--powersgd-ranks", default="1,4,16",
                         help="PowerSGD ranks to time, comma-separated (default 1,4,16)")
     parser.add_argument("--paths", default="flat,hierarchical",
-                        help="tfring paths to time, comma-separated (default flat,hierarchical)")
+                        help="tfring paths to time, comma-separated: flat, hierarchical, and "
+                             "default (TFRING_HIERARCHICAL_ALLREDUCE unset) (default "
+                             "flat,hierarchical)")
     parser.add_argument("--wire", default="fp32,bf16,fp16",
                         help="grouped_allreduce compressions to time on each path, "
                              "comma-separated (default fp32,bf16,fp16)")
@@ -145,12 +148,15 @@ def tfring_worker(args):
     labels = {"fp32": "fp32", "bf16": "bf16 wire", "fp16": "fp16 wire"}
     wanted = {labels[w] for w in args.wire.split(",") if w in labels}
     compressions = {k: v for k, v in compressions.items() if k in wanted}
-    paths = [p for p in (("flat", "0"), ("hierarchical", "1"))
+    paths = [p for p in (("default", None), ("flat", "0"), ("hierarchical", "1"))
              if p[0] in args.paths.split(",")]
     bounds = {"fp32": 2.0 ** -20, "bf16 wire": 2.0 ** -7, "fp16 wire": 2.0 ** -9}
     times = {}
     for path, setting in paths:
-        os.environ["TFRING_HIERARCHICAL_ALLREDUCE"] = setting
+        if setting is None:  # the core's default
+            os.environ.pop("TFRING_HIERARCHICAL_ALLREDUCE", None)
+        else:
+            os.environ["TFRING_HIERARCHICAL_ALLREDUCE"] = setting
         _progress(args, rank, f"{path}: tfring.init()")
         hvd.init()
         variants = {}

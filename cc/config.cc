@@ -66,9 +66,15 @@ bool Parse(const char* knob, const char* variable, const char* text, int64_t max
       return false;
     }
   }
-  if (std::strcmp(knob, "TFRING_HIERARCHICAL_ALLREDUCE") == 0 && strcasecmp(text, "auto") == 0) {
-    *out = kHierarchicalAuto;
-    return true;
+  if (std::strcmp(knob, "TFRING_HIERARCHICAL_ALLREDUCE") == 0) {
+    if (strcasecmp(text, "auto") == 0) {
+      *out = kHierarchicalAuto;
+      return true;
+    }
+    if (strcasecmp(text, "compressed") == 0) {
+      *out = kHierarchicalCompressed;
+      return true;
+    }
   }
   char* end = nullptr;
   errno = 0;

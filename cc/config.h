@@ -17,8 +17,10 @@
 
 namespace tfring {
 
-// TFRING_HIERARCHICAL_ALLREDUCE=auto.
+// TFRING_HIERARCHICAL_ALLREDUCE=auto and =compressed (the default).
 constexpr int64_t kHierarchicalAuto = 2;
+constexpr int64_t kHierarchicalCompressed = 3;
+
 // The largest TFRING_SHM_BYTES (1 TiB): only two chunks of at most 512 KiB of
 // a slot are ever used, so this only keeps the segment's size arithmetic far
 // from overflow; a slot bigger than /dev/shm fails at creation and the ranks
@@ -72,11 +74,14 @@ constexpr double kLargestCycleTimeMs = 60000.0;
   X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, 1e6, kJob,                       \
     "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
     "the job fails; a peer that exited is noticed within milliseconds.")                   \
-  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", 0, kHierarchicalAuto, kJob,              \
-    "When the ranks span hosts with the same number on each: 1 reduces every allreduce "   \
-    "inside each host, then across hosts one slice per local rank, then gathers inside "   \
-    "the host; auto (or 2) only allreduces of at least TFRING_HIERARCHICAL_THRESHOLD "     \
-    "bytes; 0 (default) never: MPI's own allreduce was as fast or faster where measured.") \
+  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", kHierarchicalCompressed, kHierarchicalCompressed, kJob, \
+    "When the ranks span hosts with the same number (two or more) on each: 1 reduces "    \
+    "every allreduce inside each host, then across hosts one slice per local rank, then " \
+    "gathers inside the host; auto (or 2) only allreduces of at least "                    \
+    "TFRING_HIERARCHICAL_THRESHOLD bytes; compressed (or 3, default) only allreduces "    \
+    "with wire compression, which then encode nothing inside the host (uncompressed "     \
+    "ones stay flat: MPI's own allreduce was as fast or faster where measured); 0 never: " \
+    "wire-compressed allreduces then encode every rank's data among all ranks.")          \
   X(int64_t, hierarchical_threshold, "TFRING_HIERARCHICAL_THRESHOLD", 256 * 1024, int64_t{1} << 40, kJob,    \
     "With TFRING_HIERARCHICAL_ALLREDUCE=auto: allreduces (fused batches or single "         \
     "tensors) of at least this many bytes take the hierarchical path; smaller ones stay "  \

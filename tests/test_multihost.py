@@ -91,7 +91,8 @@ def _launch(hosts, placement, style, program, **kwargs):
 
 
 @pytest.mark.parametrize("style, placement, hierarchical", [
-    # By default allreduces run flat over every rank.
+    # By default the hierarchical transport is built (for wire-compressed
+    # allreduces; uncompressed ones run flat over every rank).
     ("-H", [("hostA", 2), ("hostB", 2)], None),
     # Every allreduce, of every dtype, inside each host then across.
     ("-H", [("hostA", 2), ("hostB", 2)], "1"),
@@ -107,7 +108,7 @@ def test_topology_and_every_collective_across_hosts(hosts, style, placement,
     result = _launch(hosts, placement, style, [sys.executable, str(script)],
                      extra_env=extra_env)
     even = len({slots for _, slots in placement}) == 1
-    expected_path = "hierarchical" if (hierarchical == "1" and even and
+    expected_path = "hierarchical" if (hierarchical != "0" and even and
                                        placement[0][1] > 1) else "mpi"
     assert result.returncode == 0 and not result.timed_out, result.describe()
     reports = sorted((json.loads(line.split(" ", 1)[1])
@@ -170,17 +171,17 @@ def test_keras_digits_trains_across_hosts_as_on_one_host(hosts, tmp_path):
           f"{match.group(1)} in {result.seconds:.0f} s")
 
 
-@pytest.mark.parametrize("job_default, expected_path", [
-    # Per call only: flat over every rank, each rank's data encoded.
-    (None, "mpi"),
-    # Job-wide: float32 inside each host, only the cross-host slices encoded
-    # (the hierarchical transport is built for it).
-    ("fp16", "hierarchical"),
+@pytest.mark.parametrize("extra_env, expected_path", [
+    # By default: float32 inside each host, only the cross-host slices
+    # encoded.
+    (None, "hierarchical"),
+    # Flat (job-wide compression too): every rank's data encoded among all
+    # ranks.
+    ({"TFRING_WIRE_COMPRESSION": "fp16", "TFRING_HIERARCHICAL_ALLREDUCE": "0"}, "mpi"),
 ])
-def test_wire_compression_across_hosts_is_within_bounds(hosts, job_default,
+def test_wire_compression_across_hosts_is_within_bounds(hosts, extra_env,
                                                         expected_path):
     script = REPO / "tests" / "job_scripts" / "wire_compression_job.py"
-    extra_env = {"TFRING_WIRE_COMPRESSION": job_default} if job_default else None
     result = _launch(hosts, [("hostA", 2), ("hostB", 2)], "-H",
                      [sys.executable, str(script)], extra_env=extra_env)
     assert result.returncode == 0 and not result.timed_out, result.describe()

@@ -296,8 +296,9 @@ def shm_enabled():
 def data_path():
     """How allreduces of the global set move data: 'shared_memory' (every
     rank on one host), 'hierarchical' (several hosts with the same number of
-    ranks on each: reduced inside each host, then across hosts, see
-    TFRING_HIERARCHICAL_ALLREDUCE) or 'mpi'."""
+    ranks, two or more, on each: wire-compressed allreduces, and others as
+    TFRING_HIERARCHICAL_ALLREDUCE says, are reduced inside each host, then
+    across hosts) or 'mpi'."""
     _check_initialized("tfring.data_path()")
     return _core.data_path()
 

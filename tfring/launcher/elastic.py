@@ -13,12 +13,15 @@ import os
 
 from tfring.elastic import blacklist
 from tfring.elastic import settings as elastic_settings
+from tfring.launcher import knobs as launch_knobs
 
 # The variables tfring/elastic/discovery.py and membership.py read (named
 # here, not imported: those modules load MPI and the core).
 DISCOVERY_SCRIPT = "TFRING_ELASTIC_DISCOVERY_SCRIPT"
 DISCOVERY_SLOTS = "TFRING_ELASTIC_SLOTS"
 LAUNCH_HOSTS = "TFRING_ELASTIC_HOSTS"
+# The core's knob; elastic jobs default it to 0 (see environment()).
+HIERARCHICAL = "TFRING_HIERARCHICAL_ALLREDUCE"
 
 # `--with-ft ulfm` makes the launched job recoverable in PRRTE; ranks started
 # later (MPI_Comm_spawn, which has no info key for it) form jobs of their
@@ -126,6 +129,12 @@ def environment(args):
         "TFRING_SHM": "0",
         "MPI4PY_RC_FINALIZE": "0",
     }
+    # Flat allreduces unless asked otherwise: a rank waiting on its
+    # cross-host peer would not learn that the peer's host-mate failed
+    # inside that host.
+    if (HIERARCHICAL not in os.environ
+            and HIERARCHICAL not in launch_knobs.settings(args)):
+        values[HIERARCHICAL] = "0"
     if args.elastic_timeout is not None:
         values[elastic_settings.TIMEOUT] = args.elastic_timeout
     if args.host_discovery_script is not None:
