@@ -1,5 +1,6 @@
-"""The namespace hosts that benchmarks/hierarchical.py and
-benchmarks/fault_tolerance.py measure on.
+"""The namespace hosts that the cross-host benchmarks (hierarchical.py,
+fault_tolerance.py, cross_host.py, compression_accuracy.py) measure on, and
+their shared options and entry point.
 
 Each host is a network namespace with its own host name and /dev/shm
 (tools/netns_hosts.py), and every host's link is limited with a
@@ -47,6 +48,19 @@ def add_arguments(parser):
     parser.add_argument("--link-rate", default="1gbit",
                         help="each namespace host's link rate, as tc writes "
                              "it (default 1gbit; 'none' for no limit)")
+
+
+def main(parse_args, worker, orchestrate, argv=None, **mode_workers):
+    """A namespace-host benchmark's entry point: parses `argv`; runs
+    `worker(args)` with --worker (on every rank), the worker of the first
+    other mode set (`mode_workers` maps an option's destination, as
+    worker_ddp for --worker-ddp, to its worker), else `orchestrate(args)`
+    (make the hosts, start the workers)."""
+    args = parse_args(argv)
+    for mode, mode_worker in mode_workers.items():
+        if getattr(args, mode):
+            return mode_worker(args)
+    return (worker if args.worker else orchestrate)(args)
 
 
 def limit_link(host, rate):

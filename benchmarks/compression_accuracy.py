@@ -251,13 +251,5 @@ def report(results):
     print(f"({len(results)} training runs)")
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        worker(args)
-    else:
-        orchestrate(args)
-
-
 if __name__ == "__main__":
-    main()
+    _namespace_hosts.main(parse_args, worker, orchestrate)

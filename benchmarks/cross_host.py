@@ -389,17 +389,7 @@ def orchestrate(args):
     sys.stdout.flush()
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.worker_compute:
-        powersgd_compute_worker(args)
-    elif args.worker_ddp:
-        ddp_worker(args)
-    elif args.worker:
-        tfring_worker(args)
-    else:
-        orchestrate(args)
-
-
 if __name__ == "__main__":
-    main()
+    _namespace_hosts.main(parse_args, tfring_worker, orchestrate,
+                          worker_compute=powersgd_compute_worker,
+                          worker_ddp=ddp_worker)

@@ -138,13 +138,5 @@ def orchestrate(args):
     report(args, results)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        worker(args)
-    else:
-        orchestrate(args)
-
-
 if __name__ == "__main__":
-    main()
+    _namespace_hosts.main(parse_args, worker, orchestrate)

@@ -29,10 +29,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 DISTRIBUTED = REPO / "tests" / "distributed"
 FILES = sorted(p.name for p in DISTRIBUTED.glob("test_*.py"))
 WORLD_SIZES = (1, 2, 3)
-# At most this many files per job: small enough that a failure points at a
-# short list and one job stays well inside its timeout, large enough that
-# start-up is paid only a few times per world size.
-MAX_FILES_PER_GROUP = 7
+# At most this many files per job: small enough that one job stays well
+# inside its timeout (a failure report names the failing file and test
+# anyway), large enough that start-up is paid only a few times per world
+# size (3 jobs per world size today).
+MAX_FILES_PER_GROUP = 11
 # A job's timeout: a base for start-up plus a share per file (several
 # times what a file takes at 3 ranks on two busy cores), so a hang ends.
 TIMEOUT_BASE_SECONDS = 300
@@ -106,6 +107,10 @@ def _report(result):
 
 def _assert_passed(result):
     assert result.returncode == 0 and not result.timed_out, _report(result)
+    # Every job exits with tfring running (conftest does not shut it down):
+    # the atexit hook must stop the background thread before mpi4py
+    # finalizes MPI, or a rank dies in std::terminate.
+    assert "terminate called" not in result.output, _report(result)
 
 
 @pytest.mark.parametrize("num_ranks", WORLD_SIZES)
@@ -128,30 +133,9 @@ def test_process_sets_at_four_ranks():
     _assert_passed(_run_pytest(["test_process_sets.py"], 4, _env()))
 
 
-_NO_SHUTDOWN_SCRIPT = textwrap.dedent("""
-    import tensorflow as tf
-    import tfring
-    tfring.init()
-    total = tfring.allreduce(tf.constant([1.0]), op=tfring.Sum)
-    assert float(total[0]) == tfring.size()
-    print(f"rank {tfring.rank()} done", flush=True)
-    # No tfring.shutdown(): the atexit hook must stop the background thread
-    # before mpi4py finalizes MPI.
-""")
-
-
-@pytest.mark.parametrize("num_ranks", (1, 2, 3))
-def test_script_exits_cleanly_without_shutdown(num_ranks):
-    result = mpi_launch.launch([sys.executable, "-c", _NO_SHUTDOWN_SCRIPT],
-                               num_ranks, 300, env=_env(), cwd=str(REPO))
-    assert result.returncode == 0 and not result.timed_out, result.describe()
-    for rank in range(num_ranks):
-        assert f"rank {rank} done" in result.output, result.describe()
-    assert "terminate called" not in result.output, result.describe()
-
-
 _STATIC_SETS_SCRIPT = textwrap.dedent("""
     import os
+    import sys
     import mpi4py
     mpi4py.rc.initialize = False  # as Horovod's process-set test does
     from mpi4py import MPI
@@ -194,14 +178,25 @@ _STATIC_SETS_SCRIPT = textwrap.dedent("""
     hvd.init()
     total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
     assert float(total[0]) == size
+    if sys.argv[1:] == ["finalize"]:
+        # Or the script finalizes MPI itself, after which init() says why it
+        # cannot start.
+        hvd.shutdown()
+        MPI.Finalize()
+        try:
+            hvd.init()
+        except ValueError as e:
+            print(f"rank {rank} after finalize ValueError: {e}", flush=True)
     print(f"rank {rank} done", flush=True)
 """)
 
 
-@pytest.mark.parametrize("num_ranks", (2, 3))
+# At 2 ranks the script ends by finalizing MPI itself; at 3 it leaves that
+# to tfring at exit.
+@pytest.mark.parametrize("num_ranks,ending", [(2, "finalize"), (3, "exit")])
 def test_init_starts_mpi_and_refuses_duplicate_sets_on_every_rank(
-        num_ranks):
-    result = mpi_launch.launch([sys.executable, "-c", _STATIC_SETS_SCRIPT],
+        num_ranks, ending):
+    result = mpi_launch.launch([sys.executable, "-c", _STATIC_SETS_SCRIPT, ending],
                                num_ranks, 300, env=_env(), cwd=str(REPO))
     assert result.returncode == 0 and not result.timed_out, result.describe()
     everyone = list(range(num_ranks))
@@ -218,35 +213,15 @@ def test_init_starts_mpi_and_refuses_duplicate_sets_on_every_rank(
                 "has. Expected each set once (duplicates are not allowed). "
                 "Remove the duplicate, or reuse the first object."
                 ) in result.output, result.describe()
+        if ending == "finalize":
+            assert (f"rank {rank} after finalize ValueError: tfring.init() found "
+                    "MPI already finalized (MPI.Finalize() was called in this "
+                    "process). Expected MPI running or not started yet: it "
+                    "cannot be started again in the same process."
+                    ) in result.output, result.describe()
         assert f"rank {rank} done" in result.output, result.describe()
     # Open MPI's complaint about a process that exits with MPI running.
     assert 'calling "finalize"' not in result.output, result.describe()
-
-
-_FINALIZED_MPI_SCRIPT = textwrap.dedent("""
-    import mpi4py
-    mpi4py.rc.initialize = False
-    from mpi4py import MPI
-    import tfring
-
-    tfring.init()
-    tfring.shutdown()
-    MPI.Finalize()
-    try:
-        tfring.init()
-    except ValueError as e:
-        print(f"ValueError: {e}", flush=True)
-""")
-
-
-def test_init_after_mpi_finalize_says_why():
-    result = mpi_launch.launch([sys.executable, "-c", _FINALIZED_MPI_SCRIPT],
-                               1, 300, env=_env(), cwd=str(REPO))
-    assert result.returncode == 0 and not result.timed_out, result.describe()
-    assert ("ValueError: tfring.init() found MPI already finalized "
-            "(MPI.Finalize() was called in this process). Expected MPI "
-            "running or not started yet: it cannot be started again in the "
-            "same process.") in result.output, result.describe()
 
 
 _COMMUNICATOR_SCRIPT = textwrap.dedent("""
@@ -306,8 +281,8 @@ _THREAD_LEVEL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("num_ranks", (1, 2))
-def test_init_refuses_mpi_without_thread_multiple(num_ranks):
+def test_init_refuses_mpi_without_thread_multiple():
+    num_ranks = 2  # each rank refuses on its own: 2 ranks cover 1
     # tfring's background thread calls MPI while other threads may: with a
     # lower thread level that is undefined behaviour, so init() says how to
     # get MPI_THREAD_MULTIPLE instead of starting.

@@ -171,19 +171,15 @@ class PowerSGD(tf.Module, PowerSGDSettings):
             rows, columns, rank = shapes[i]
             q_var, error = states[i]
             g = tf.reshape(grads[i], (rows, columns))
-            if self.use_error_feedback:
-                # M = gradient + error, accumulated in the error variable in
-                # place: no new full-size buffer (its page faults cost as
-                # much as the addition).
-                error.assign_add(g, read_value=False)
-                m = error.read_value()
-            else:
-                m = g
+            # M = gradient + error, a tensor of its own: the error variable
+            # changes only at the end, once both allreduces have succeeded,
+            # so a step that fails between them (an elastic reset) leaves
+            # it as it was, and the step run again adds its gradient once.
+            matrices[i] = tf.add(error, g) if self.use_error_feedback else g
             q = q_var if self.warm_start else tf.random.stateless_normal(
                 (columns, rank), seed=tf.stack([tf.cast(self.seed, tf.int64), self.step]),
                 dtype=g.dtype)
-            matrices[i] = m
-            ps[i] = tf.matmul(m, q)
+            ps[i] = tf.matmul(matrices[i], q)
         # Same-typed factors travel and are orthogonalised as one tall
         # matrix: a few ops for all matrices, not dozens per matrix.
         batches = _batches(positions, grads, shapes)
@@ -208,10 +204,8 @@ class PowerSGD(tf.Module, PowerSGDSettings):
             p_orthogonal.update(zip(batch, tf.split(p, rows, axis=0)))
         # M^T P is computed as (P^T M)^T: on CPU the product with the thin
         # factor on the left is about 1.6x faster (ResNet-50's set: 15 ms
-        # against 24 on one core). Each M is let go after its last product,
-        # so that eagerly the in-place error update below finds no other
-        # reference to it.
-        q_stacked = [tf.concat([tf.transpose(tf.matmul(p_orthogonal[i], matrices.pop(i),
+        # against 24 on one core).
+        q_stacked = [tf.concat([tf.transpose(tf.matmul(p_orthogonal[i], matrices[i],
                                                        transpose_a=True))
                                 for i in batch], 0) for batch in batches]
         q_reduced = collectives.grouped_allreduce(
@@ -225,8 +219,12 @@ class PowerSGD(tf.Module, PowerSGDSettings):
                 approximation = tf.matmul(p_orthogonal[i], q, transpose_b=True)
                 q_var, error = states[i]
                 if self.use_error_feedback:
-                    # error = M - P Q^T, in place (the variable holds M).
-                    updates.append(error.assign_sub(approximation, read_value=False))
+                    # error = M - P Q^T, after the second allreduce (P Q^T
+                    # depends on it). In a tf.function the subtraction
+                    # writes into M's buffer (its last use) and the
+                    # variable takes that buffer: no copy.
+                    updates.append(error.assign(matrices.pop(i) - approximation,
+                                                read_value=False))
                 if self.warm_start:
                     updates.append(q_var.assign(q, read_value=False))
                 if scale != 1.0:

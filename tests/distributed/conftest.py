@@ -31,7 +31,11 @@ import tfring  # noqa: E402
 def tfring_initialized():
     tfring.init()
     yield
-    # Not shut down here: the atexit hook does it, which is also under test.
+    # Not shut down here: the atexit hook does it, which is also under test
+    # (tests/test_distributed.py checks that every job exits cleanly so).
+    assert tfring.is_initialized(), (
+        "a test left tfring shut down: restore tfring.init() at its end, so "
+        "that the job exits through the atexit hook with tfring running")
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 # gets as close to the optimum of the whole problem as plain averaging does,
 # with identical weights on every rank. Before start_iter the reduction is
 # exactly the plain average; the state (step, Q factors, errors) survives a
-# tf.train.Checkpoint; the Keras DistributedOptimizer takes it in fit().
+# tf.train.Checkpoint; the Keras DistributedOptimizer takes it in fit(); a
+# step that fails between its two allreduces leaves the state as it was.
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import keras
 
 import tfring
 import tfring.keras as hvd_keras
+from tfring import collectives
 
 ROWS, FEATURES, OUTPUTS = 24, 10, 6
 
@@ -55,10 +57,9 @@ def _train(compression, steps, traced):
     return w.numpy()
 
 
-@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
-def test_error_feedback_reaches_the_optimum(traced):
+def test_error_feedback_reaches_the_optimum():
     powersgd = tfring.PowerSGD(rank=1, start_iter=3)
-    w = _train(powersgd, 400, traced)
+    w = _train(powersgd, 400, traced=True)
     # As close to the optimum as uncompressed training gets in as many steps
     # (within 5%), from about 150 times the optimum at w = 0.
     plain = _global_loss(_train(tfring.Compression.none, 400, traced=True))
@@ -69,6 +70,14 @@ def test_error_feedback_reaches_the_optimum(traced):
     for other in gathered:
         np.testing.assert_array_equal(other, w)
     assert int(powersgd.step.numpy()) == 400
+
+
+def test_eager_steps_are_the_traced_ones():
+    # Eagerly, PowerSGD takes the same steps as in a tf.function (which the
+    # test above trains to the optimum), compressed ones included.
+    eager = _train(tfring.PowerSGD(rank=1, start_iter=3), 12, traced=False)
+    traced = _train(tfring.PowerSGD(rank=1, start_iter=3), 12, traced=True)
+    np.testing.assert_allclose(eager, traced, rtol=1e-5, atol=1e-6)
 
 
 def test_before_start_iter_it_is_the_plain_average():
@@ -173,3 +182,54 @@ def test_stacked_factors_are_orthogonalised_matrix_by_matrix():
         np.testing.assert_allclose(got.T @ got, np.eye(3), atol=1e-12)
         q, r = np.linalg.qr(part)
         np.testing.assert_allclose(got, q * np.sign(np.diag(r)), atol=1e-12)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_a_step_that_fails_between_its_allreduces_leaves_the_state(traced, monkeypatch):
+    # An allreduce can fail mid-step (an elastic reset interrupts it); the
+    # step is then run again. The failed step must leave the error, Q and
+    # step as they were, or the step run again would add its gradient to
+    # the error feedback twice. The failure is injected after the second
+    # (Q) allreduce, the last one, at run time (also inside a tf.function).
+    failing = tf.Variable(False)
+    real_allreduce = collectives.grouped_allreduce
+
+    def second_round_may_fail(tensors, name, **kwargs):
+        reduced = real_allreduce(tensors, name=name, **kwargs)
+        if not name.endswith(".q"):
+            return reduced
+        check = tf.debugging.Assert(tf.logical_not(failing), ["injected failure"])
+        with tf.control_dependencies([check]):
+            return [tf.identity(r) for r in reduced]
+
+    monkeypatch.setattr(collectives, "grouped_allreduce", second_round_may_fail)
+    rng = np.random.default_rng(30 + tfring.rank())
+    steps = [[tf.constant(rng.standard_normal((FEATURES, OUTPUTS)), tf.float32)]
+             for _ in range(3)]
+
+    def stepper(powersgd):
+        def step(grads):
+            return powersgd.reduce_gradient_list(grads, ["g0"], {"op": tfring.Average})
+        return tf.function(step) if traced else step
+
+    retried, reference = (tfring.PowerSGD(rank=1, start_iter=0, name=f"p{i}")
+                          for i in range(2))
+    step_retried, step_reference = stepper(retried), stepper(reference)
+    for grads in steps[:2]:
+        step_retried(grads)
+        step_reference(grads)
+    before = retried.saved_arrays()
+    assert np.any(before["powersgd.error.g0"] != 0)
+    failing.assign(True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="injected failure"):
+        step_retried(steps[2])
+    for name, value in retried.saved_arrays().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    # Run again, the step gives what it gives without the failure.
+    failing.assign(False)
+    np.testing.assert_allclose(step_retried(steps[2])[0].numpy(),
+                               step_reference(steps[2])[0].numpy(), rtol=1e-6)
+    after, expected = retried.saved_arrays(), reference.saved_arrays()
+    for name, value in expected.items():
+        np.testing.assert_allclose(after[name], value, rtol=1e-6, atol=1e-7,
+                                   err_msg=name)

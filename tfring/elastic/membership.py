@@ -267,15 +267,15 @@ class Membership:
         for raised, _, host in departures:
             if raised and host is not None:
                 self.blacklist.add(host)
-        stays = not self.raised and not leaving_host
-        if not any(not raised and not leaving
-                   for raised, leaving, _ in departures):
+        staying = [not raised and not leaving for raised, leaving, _ in departures]
+        stays = staying[comm.Get_rank()]
+        if not any(staying):
             # Only ranks that raised (or leave with their host) are left:
             # the job ends, with the errors of the ranks that raised.
             self.job_failed = self.raised
             self.left = not self.raised
             return None
-        if all(not raised and not leaving for raised, leaving, _ in departures):
+        if all(staying):
             return comm
         remaining = comm.Split(0 if stays else MPI.UNDEFINED, comm.Get_rank())
         if not stays:
