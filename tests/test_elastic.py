@@ -179,6 +179,28 @@ def test_a_discovered_slot_gets_a_new_rank_whose_death_the_others_survive(
                                _expected_weights(steps), rtol=1e-12)
 
 
+def test_a_start_that_never_joins_is_given_up_and_the_ranks_go_on(tmp_path):
+    # The job grows from 2 ranks to 3, but the started program never joins
+    # (as when PRRTE's spawn fails in its daemon): after the spawn timeout
+    # the 2 ranks agree that the growth failed, blacklist the host and
+    # finish at 2 ranks; without the bound they would wait forever.
+    result = _discovering_run(
+        tmp_path, "localhost:2\n", 2, 1,
+        [TF_LOOP, "spawn_fails", str(STEPS), str(COMMIT_EVERY), "3", "3"],
+        ["--max-np", "3", "-H", "localhost:3", "--spawn-timeout", "5"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    assert re.search(r"starting ranks on host\(s\) localhost failed: "
+                     r"MPI_Comm_spawn did not finish within 5 s", result.output
+                     ), result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
+    assert all(r["size"] == 2 for r in results), result.describe()
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
+
+
 def test_below_min_np_without_a_script_ends_the_job_at_once(monkeypatch):
     # No rank could join: no wait. (A job ended below --min-np, with real
     # ranks: the timeout test below.)
