@@ -286,6 +286,11 @@ def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
                     + os.path.abspath("hosts.sh"),
                     "TFRING_ELASTIC_BLACKLIST_COOLDOWN=1,30"):
         assert setting in command, command
+    assert "TFRING_ELASTIC_SPAWN_TIMEOUT" not in " ".join(command)
+    timed = _command(["-np", "2", "--max-np", "4", "-H", "localhost:4",
+                      "--host-discovery-script", "hosts.sh",
+                      "--spawn-timeout", "30", "python", "train.py"])
+    assert "TFRING_ELASTIC_SPAWN_TIMEOUT=30.0" in timed, timed
     # Started ranks are another MPI job, which shared memory cannot reach.
     assert command[command.index("btl") + 1] == "self,sm,tcp", command
 
@@ -304,11 +309,22 @@ def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
      r"HI <= 3600"),
     (["-np", "2", "--min-np", "1", "--slots", "2"],
      r"--slots applies to hosts found by --host-discovery-script"),
+    (["-np", "2", "--min-np", "1", "--spawn-timeout", "0"],
+     r"--spawn-timeout 0 is not a positive number of seconds"),
 ])
 def test_bad_elastic_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(argv + ["python", "train.py"])
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_bad_spawn_timeout_is_refused_and_the_default_is_two_minutes():
+    assert settings.from_environment({}).spawn_timeout_s == 120.0
+    assert settings.from_environment(
+        {"TFRING_ELASTIC_SPAWN_TIMEOUT": "7.5"}).spawn_timeout_s == 7.5
+    with pytest.raises(ValueError, match=r"TFRING_ELASTIC_SPAWN_TIMEOUT='-1' "
+                       r"is not a positive number of seconds"):
+        settings.from_environment({"TFRING_ELASTIC_SPAWN_TIMEOUT": "-1"})
 
 
 class _Clock:
