@@ -28,6 +28,15 @@ processes of this machine:
 - commit(): the time of TorchState.commit() (copies of the model's and
   optimizer's state) by model size, in one process.
 
+    python benchmarks/elastic.py --namespace-hosts   # as root, on Linux
+
+measures instead across 2 namespace hosts (benchmarks/_namespace_hosts.py)
+with --ranks-per-host ranks each: the recovery after every rank of the
+second host dies at once (SIGKILL; its PRRTE daemon stays, see
+docs/elastic.md), at 2 x --ranks-per-host ranks, and the growth of a job
+on the first host onto one slot of the second host (the time from the
+discovery script's change to the new rank's first step).
+
 Each worker prints timestamped lines; this script reads them. Every job runs
 under a timeout.
 """
@@ -62,6 +71,14 @@ def parse_args(argv=None):
                         help="jobs per measurement (the median is reported)")
     parser.add_argument("--checkpoint", default="",
                         help="torchrun worker: the checkpoint file (internal)")
+    parser.add_argument("--namespace-hosts", action="store_true",
+                        help="measure a whole host's loss and growth onto a "
+                             "new host across 2 namespace hosts (root only)")
+    parser.add_argument("--ranks-per-host", type=int, default=2,
+                        help="with --namespace-hosts: ranks on each host")
+    parser.add_argument("--kill-from", type=int, default=-1,
+                        help="tfring worker: ranks from this one on die at "
+                             "--kill-step (internal; -1: the last rank)")
     return parser.parse_args(argv)
 
 
@@ -102,7 +119,8 @@ def tfring_worker(args):
     @hvd.elastic.run
     def train(state):
         while state.step < args.steps:
-            if original_rank == args.ranks - 1 and state.step == args.kill_step:
+            first_killed = args.kill_from if args.kill_from >= 0 else args.ranks - 1
+            if original_rank >= first_killed and state.step == args.kill_step:
                 _kill_now(original_rank)
             if args.grow_step >= 0 and state.step >= args.grow_step:
                 if original_rank == 0 and state.step == args.grow_step:
@@ -121,8 +139,9 @@ def tfring_worker(args):
 
 
 def _list_one_more_slot(args):
+    listing = os.environ.get("TFRING_BENCH_NEW_HOSTS", f"localhost:{args.ranks}\n")
     with open(os.environ["TFRING_BENCH_HOSTS_FILE"], "w") as f:
-        f.write(f"localhost:{args.ranks}\n")
+        f.write(listing)
     print(f"DISCOVERED {time.time():.6f} 0", flush=True)
 
 
@@ -229,8 +248,10 @@ def _lines(output, kind, fields=None):
 
 
 def _recovery_tfring(output):
-    [kill] = _lines(output, "KILL")
-    killed_at = float(kill[0])
+    kills = _lines(output, "KILL")
+    if not kills:
+        raise RuntimeError("no rank was killed:\n" + output[-4000:])
+    killed_at = min(float(kill[0]) for kill in kills)
     resets = {rank: float(t) for t, rank in _lines(output, "RESET")}
     after = [float(t) for t, rank, _ in _lines(output, "STEP")
              if rank in resets and float(t) > resets[rank]]
@@ -239,31 +260,86 @@ def _recovery_tfring(output):
     return min(after) - killed_at
 
 
-def _growth_tfring(args):
+def _growth_tfring(args, run=None, hosts=None, first_listing=None,
+                   new_listing=None):
     """Seconds from the discovery script's new slot to the new rank's first
-    step, in a job that starts one rank short."""
+    step, in a job that starts one rank short (on `hosts`, -H's `host:slots`
+    list, listed as `first_listing` and then `new_listing`)."""
     grow_step = 10
+    run = run or _run
+    hosts = hosts or f"localhost:{args.ranks}"
     with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)  # the namespace hosts' ranks read it too
         hosts_file = os.path.join(folder, "hosts")
         script = os.path.join(folder, "discover.sh")
         with open(hosts_file, "w") as f:
-            f.write(f"localhost:{args.ranks - 1}\n")
+            f.write(first_listing or f"localhost:{args.ranks - 1}\n")
         with open(script, "w") as f:
             f.write(f'#!/bin/sh\ncat "{hosts_file}"\n')
         os.chmod(script, 0o755)
         command = [sys.executable, "-m", "tfring.launcher.cli",
                    "-np", str(args.ranks - 1), "--min-np", "1",
-                   "--max-np", str(args.ranks), "-H", f"localhost:{args.ranks}",
+                   "--max-np", str(args.ranks), "-H", hosts,
                    "--host-discovery-script", script,
                    sys.executable, __file__, "--worker", "tfring",
                    *_worker_args(args, -1), "--grow-step", str(grow_step)]
-        output = _run(command, TFRING_BENCH_HOSTS_FILE=hosts_file)
+        extra = {"TFRING_BENCH_HOSTS_FILE": hosts_file}
+        if new_listing:
+            extra["TFRING_BENCH_NEW_HOSTS"] = new_listing
+        output = run(command, **extra)
     [discovered] = _lines(output, "DISCOVERED")
     new_rank = str(args.ranks - 1)
     first = [float(t) for t, rank, _ in _lines(output, "STEP") if rank == new_rank]
     if not first:
         raise RuntimeError("the new rank completed no step:\n" + output[-4000:])
     return min(first) - float(discovered[0])
+
+
+def _namespace_hosts_table(args):
+    """Recovery from a whole host's loss and growth onto a new host, across
+    2 namespace hosts; prints the table."""
+    import types
+    sys.path.insert(0, HERE)
+    import _namespace_hosts
+
+    per_host = args.ranks_per_host
+    setup = types.SimpleNamespace(hosts=2, ranks_per_host=per_host,
+                                  link_rate="1gbit")
+    recoveries, growths = [], []
+    with _namespace_hosts.namespace_hosts(setup) as hosts:
+        names = [host.name for host in hosts.hosts]
+
+        def run(command, **extra_env):
+            env = dict(extra_env, **hosts.mpi_env())
+            env.setdefault(_namespace_hosts.YIELD_VARIABLE, "1")
+            return _run(hosts[0].enter(command, cwd=ROOT), **env)
+
+        everyone = ",".join(f"{name}:{per_host}" for name in names)
+        lost = argparse.Namespace(**vars(args))
+        lost.ranks = 2 * per_host
+        grown = argparse.Namespace(**vars(args))
+        grown.ranks = per_host + 1
+        for _ in range(args.repeats):
+            command = [sys.executable, "-m", "tfring.launcher.cli",
+                       "-np", str(lost.ranks), "--min-np", "1", "-H", everyone,
+                       sys.executable, __file__, "--worker", "tfring",
+                       *_worker_args(lost, args.kill_step),
+                       "--kill-from", str(per_host)]
+            recoveries.append(_recovery_tfring(run(command)))
+            growths.append(_growth_tfring(
+                grown, run, everyone, f"{names[0]}:{per_host}\n",
+                f"{names[0]}:{per_host}\n{names[1]}:1\n"))
+    when = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    print(f"| measured (2 namespace hosts x {per_host} ranks, {when}, "
+          f"median of {args.repeats}) | value |")
+    print("|---|---|")
+    print(f"| recovery after every rank of one host died, {2 * per_host} to "
+          f"{per_host} ranks | {statistics.median(recoveries):.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in recoveries)}) |")
+    print(f"| growth onto the other host: its new slot listed to the new rank's "
+          f"first step, {per_host} to {per_host + 1} ranks | "
+          f"{statistics.median(growths):.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in growths)}) |")
 
 
 def _recovery_torchrun(args, checkpoint):
@@ -291,6 +367,9 @@ def main(argv=None):
     if args.worker:
         {"tfring": tfring_worker, "torchrun": torchrun_worker,
          "commit": commit_worker}[args.worker](args)
+        return
+    if args.namespace_hosts:
+        _namespace_hosts_table(args)
         return
     tfring_times, torchrun_times, plain_steps, elastic_steps = [], [], [], []
     growth_times = []

@@ -179,6 +179,28 @@ def test_a_discovered_slot_gets_a_new_rank_whose_death_the_others_survive(
                                _expected_weights(steps), rtol=1e-12)
 
 
+def test_a_start_that_never_joins_is_given_up_and_the_ranks_go_on(tmp_path):
+    # The job grows from 2 ranks to 3, but the started program never joins
+    # (as when PRRTE's spawn fails in its daemon): after the spawn timeout
+    # the 2 ranks agree that the growth failed, blacklist the host and
+    # finish at 2 ranks; without the bound they would wait forever.
+    result = _discovering_run(
+        tmp_path, "localhost:2\n", 2, 1,
+        [TF_LOOP, "spawn_fails", str(STEPS), str(COMMIT_EVERY), "3", "3"],
+        ["--max-np", "3", "-H", "localhost:3", "--spawn-timeout", "5"])
+    assert not result.timed_out, result.describe()
+    assert result.returncode == 0, result.describe()
+    assert re.search(r"starting ranks on host\(s\) localhost failed: "
+                     r"MPI_Comm_spawn did not finish within 5 s", result.output
+                     ), result.describe()
+    results = _results(result.output)
+    assert sorted(r["original_rank"] for r in results) == [0, 1], result.describe()
+    assert all(r["size"] == 2 for r in results), result.describe()
+    assert results[0]["weights"] == results[1]["weights"], result.describe()
+    np.testing.assert_allclose(results[0]["weights"],
+                               _expected_weights(STEPS), rtol=1e-12)
+
+
 def test_below_min_np_without_a_script_ends_the_job_at_once(monkeypatch):
     # No rank could join: no wait. (A job ended below --min-np, with real
     # ranks: the timeout test below.)
@@ -264,6 +286,11 @@ def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
                     + os.path.abspath("hosts.sh"),
                     "TFRING_ELASTIC_BLACKLIST_COOLDOWN=1,30"):
         assert setting in command, command
+    assert "TFRING_ELASTIC_SPAWN_TIMEOUT" not in " ".join(command)
+    timed = _command(["-np", "2", "--max-np", "4", "-H", "localhost:4",
+                      "--host-discovery-script", "hosts.sh",
+                      "--spawn-timeout", "30", "python", "train.py"])
+    assert "TFRING_ELASTIC_SPAWN_TIMEOUT=30.0" in timed, timed
     # Started ranks are another MPI job, which shared memory cannot reach.
     assert command[command.index("btl") + 1] == "self,sm,tcp", command
 
@@ -282,11 +309,22 @@ def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
      r"HI <= 3600"),
     (["-np", "2", "--min-np", "1", "--slots", "2"],
      r"--slots applies to hosts found by --host-discovery-script"),
+    (["-np", "2", "--min-np", "1", "--spawn-timeout", "0"],
+     r"--spawn-timeout 0 is not a positive number of seconds"),
 ])
 def test_bad_elastic_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         runner.parse_args(argv + ["python", "train.py"])
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_bad_spawn_timeout_is_refused_and_the_default_is_two_minutes():
+    assert settings.from_environment({}).spawn_timeout_s == 120.0
+    assert settings.from_environment(
+        {"TFRING_ELASTIC_SPAWN_TIMEOUT": "7.5"}).spawn_timeout_s == 7.5
+    with pytest.raises(ValueError, match=r"TFRING_ELASTIC_SPAWN_TIMEOUT='-1' "
+                       r"is not a positive number of seconds"):
+        settings.from_environment({"TFRING_ELASTIC_SPAWN_TIMEOUT": "-1"})
 
 
 class _Clock:

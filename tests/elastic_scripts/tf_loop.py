@@ -21,7 +21,9 @@ writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE) or die_waiting
 starts) or host_lost_then_grow (ranks KILL_RANK and above, a whole host,
 die together with SIGKILL before their allreduce at step KILL_STEP; then
 rank 0 writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE at step
-KILL_STEP + COMMIT_EVERY).
+KILL_STEP + COMMIT_EVERY) or spawn_fails (as grow, but the program started
+is never_joins.sh, which never joins: the ranks give up after the spawn
+timeout and go on).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -112,6 +114,10 @@ def train_step(step):
 
 # Set for the ranks started into the running job (tfring/elastic/membership.py).
 started_rank = bool(os.environ.get("TFRING_ELASTIC_HOST"))
+if scenario == "spawn_fails":
+    # MPI_Comm_spawn starts sys.executable (with the joiner's arguments).
+    sys.executable = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  "never_joins.sh")
 joined_at_step = None
 
 
@@ -136,11 +142,13 @@ def train(state):
                 and original_rank == kill_rank
                 and state.step == kill_step):
             die()
-        if scenario in ("grow", "rewrite_hosts", "host_lost_then_grow"):
+        if scenario in ("grow", "rewrite_hosts", "host_lost_then_grow",
+                        "spawn_fails"):
             if (scenario != "host_lost_then_grow" and original_rank == 0
                     and state.step == kill_step):
                 with open(os.environ["TFRING_TEST_HOSTS_FILE"], "w") as f:
-                    f.write(f"localhost:{kill_rank}\n" if scenario == "grow"
+                    f.write(f"localhost:{kill_rank}\n"
+                            if scenario in ("grow", "spawn_fails")
                             else os.environ["TFRING_TEST_NEW_HOSTS"])
             time.sleep(0.05)  # time for the discovery script's next run
         raises_at = {kill_rank: kill_step}

@@ -28,7 +28,9 @@ from tfring import _running
 from tfring import basics
 from tfring import process_sets as _process_sets
 from tfring.elastic import blacklist as _blacklist
+from tfring.elastic import bounded_spawn
 from tfring.elastic import discovery
+from tfring.elastic import settings as _settings
 from tfring.elastic.errors import InternalError
 
 # Set by tfringrun: the launch's host list (`host:slots,...`), to know which
@@ -287,7 +289,9 @@ class Membership:
         """Starts the ranks of `growth` ([(host, count)]) with
         MPI_Comm_spawn (collective over `comm`, on hosts of the launch's
         allocation) running this program again, and merges them in after
-        the ranks of `comm`."""
+        the ranks of `comm`. When that does not finish within the spawn
+        timeout, or fails, returns the ranks of `comm` alone, with the
+        growth's hosts blacklisted."""
         MPI = _mpi()
         inherited = {name: value for name, value in os.environ.items()
                      if name.startswith(_INHERITED_PREFIXES)}
@@ -304,11 +308,36 @@ class Membership:
             info.Set("host", f"{host}:{count}")
             info.Set("wdir", os.getcwd())
             infos.append(info)
-        started = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
-        merged = started.Merge(high=False)
-        for info in infos:
-            info.Free()
+        timeout_s = _settings.from_environment().spawn_timeout_s
+        merged, reason = bounded_spawn.spawn_and_merge(
+            comm, commands, argvs, counts, infos, timeout_s)
+        if reason is None:
+            for info in infos:
+                info.Free()
+            return merged
+        # The infos stay: the stuck spawn may still read them.
+        hosts = [host for host, _ in growth]
+        for host in hosts:
+            self.blacklist.add(host)
+        if merged.Get_rank() == 0:
+            print(str(_growth_failure(hosts, comm.Get_size(), reason)),
+                  file=sys.stderr, flush=True)
         return merged
+
+
+def _growth_failure(hosts, size, reason):
+    """The warning rank 0 prints when starting ranks failed (an error
+    object, so that the troubleshooting page's check finds it)."""
+    names = ", ".join(hosts)
+    return InternalError(
+        f"tfring elastic: starting ranks on host(s) {names} failed: "
+        f"{reason}. Expected the started ranks to join the job; the "
+        f"{size} running ranks go on without them, and {names} get no new "
+        "ranks (blacklisted, for good or for --blacklist-cooldown-range). "
+        "Read Open MPI's output (PMIX ERROR lines) and the started ranks' "
+        "for the cause: a host whose PRRTE daemon died or cannot start "
+        "programs, a Python that fails to start there; on a loaded host, "
+        "raise --spawn-timeout.")
 
 
 _membership = Membership()

@@ -20,9 +20,9 @@ from tfring.elastic.errors import InternalError
 def refill_to_min_np(members, settings):
     """Starts ranks on discovered slots until the job has settings.min_np
     ranks, waiting up to settings.timeout_s for the script to list them.
-    Returns True when ranks were started (the new ones need the state);
-    False when none were needed, or the wait ran out (the caller's limit
-    check then ends the job). Raises InternalError on every waiting rank
+    Returns True when ranks were started, or a start failed (the job was
+    rebuilt: the state is synced again); False when none were needed, or
+    the wait ran out (the caller's limit check then ends the job). Raises InternalError on every waiting rank
     when one of them died during the wait (the caller resets and calls it
     again). Collective over the job's ranks."""
     if members.comm.Get_size() >= settings.min_np or not discovery.enabled():
@@ -30,6 +30,7 @@ def refill_to_min_np(members, settings):
     deadline = time.monotonic() + settings.timeout_s
     interval_s = discovery.interval_s()
     announced = False
+    rebuilt = False
     while True:
         decision = None
         if members.comm.Get_rank() == 0:
@@ -41,9 +42,14 @@ def refill_to_min_np(members, settings):
         if plan:
             members.growth = plan
             members.rebuild()
-            return True
+            rebuilt = True
+            if members.comm.Get_size() >= settings.min_np:
+                return True
+            # The start failed (tfring/elastic/bounded_spawn.py) and its
+            # hosts are blacklisted now: wait for other slots.
+            continue
         if expired:
-            return False
+            return rebuilt
         time.sleep(interval_s)
 
 

@@ -12,6 +12,10 @@ MIN_NP = "TFRING_ELASTIC_MIN_NP"
 MAX_NP = "TFRING_ELASTIC_MAX_NP"
 RESET_LIMIT = "TFRING_ELASTIC_RESET_LIMIT"
 TIMEOUT = "TFRING_ELASTIC_TIMEOUT"
+SPAWN_TIMEOUT = "TFRING_ELASTIC_SPAWN_TIMEOUT"
+# Seconds ranks started into the job get to join it: Python, mpi4py and
+# tfring start in a few seconds here, but a loaded host needs far more.
+DEFAULT_SPAWN_TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +25,7 @@ class Settings:
     max_np: int = 0  # 0: no upper bound
     reset_limit: int = 0  # 0: no limit
     timeout_s: float = 600.0
+    spawn_timeout_s: float = DEFAULT_SPAWN_TIMEOUT_S
 
 
 def _int(environ, name, default):
@@ -36,6 +41,22 @@ def _int(environ, name, default):
             f"{name}.") from None
 
 
+def _seconds(environ, name, default):
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise ValueError(
+            f"tfring elastic: {name}={text!r} is not a positive number of "
+            f"seconds. Expected e.g. 120 (tfringrun sets it from its "
+            f"options). Fix or unset {name}.")
+    return value
+
+
 def from_environment(environ=None):
     environ = os.environ if environ is None else environ
     timeout = environ.get(TIMEOUT, "").strip()
@@ -45,4 +66,6 @@ def from_environment(environ=None):
         max_np=_int(environ, MAX_NP, 0),
         reset_limit=_int(environ, RESET_LIMIT, 0),
         timeout_s=float(timeout) if timeout else 600.0,
+        spawn_timeout_s=_seconds(environ, SPAWN_TIMEOUT,
+                                 DEFAULT_SPAWN_TIMEOUT_S),
     )

@@ -53,6 +53,12 @@ def add_arguments(parser):
              "waits for the script to list enough free slots before it ends "
              "(default 600); without a script such a job ends at once")
     group.add_argument(
+        "--spawn-timeout", type=float, default=None, metavar="SECONDS",
+        help="with --host-discovery-script: how long the ranks wait for "
+             "ranks started on discovered slots to join; then they go on "
+             "without them and blacklist the host (default "
+             f"{elastic_settings.DEFAULT_SPAWN_TIMEOUT_S:g})")
+    group.add_argument(
         "--host-discovery-script", default=None,
         help="a program that prints the usable hosts, one `host:slots` per "
              "line; rank 0 runs it every second and the job grows onto new "
@@ -100,6 +106,11 @@ def check(args):
             "--slots applies to hosts found by --host-discovery-script, but "
             "no script was given. Expected both or neither. Add "
             "--host-discovery-script SCRIPT, or remove --slots.")
+    spawn_timeout = getattr(args, "spawn_timeout", None)
+    if spawn_timeout is not None and not 0 < spawn_timeout < float("inf"):
+        raise ValueError(
+            f"--spawn-timeout {spawn_timeout:g} is not a positive number of "
+            "seconds. Expected e.g. 120. Fix the number.")
     if not enabled(args):
         return
     np = args.num_proc
@@ -137,6 +148,8 @@ def environment(args):
         values[HIERARCHICAL] = "0"
     if args.elastic_timeout is not None:
         values[elastic_settings.TIMEOUT] = args.elastic_timeout
+    if getattr(args, "spawn_timeout", None) is not None:
+        values[elastic_settings.SPAWN_TIMEOUT] = args.spawn_timeout
     if args.host_discovery_script is not None:
         values[DISCOVERY_SCRIPT] = os.path.abspath(args.host_discovery_script)
         values[DISCOVERY_SLOTS] = args.slots or 1
