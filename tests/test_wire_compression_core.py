@@ -2,7 +2,8 @@
 process: bfloat16 rounding, float16 conversion and its per-block scale (no
 overflow on 1e30), round-trip bounds, and the cross-host sum with ranks as
 threads over loopback worlds (identical bits on every rank, within the
-encodings' bounds of the float64 sum; one host exactly the uncompressed sum).
+encodings' bounds of the float64 sum; one host exactly the uncompressed sum;
+bf16 sums the same bits wherever the chunk boundaries fall).
 """
 from pathlib import Path
 
@@ -16,7 +17,8 @@ SOURCES = ["cc/transport/wire_codec.cc", "cc/transport/cross_host_sum.cc",
            "cc/transport/hierarchical_transport.cc", "cc/transport/loopback_transport.cc",
            "cc/reduce_kernels.cc", "cc/common.cc", "cc/logging.cc", "cc/config.cc"]
 # Scenarios with ranks: world sizes; the others run once.
-WORLD_SIZES = {"cross_host_sum": (1, 2, 3, 4), "compressed_hierarchical_allreduce": (1, 2, 4, 6)}
+WORLD_SIZES = {"cross_host_sum": (1, 2, 3, 4), "compressed_hierarchical_allreduce": (1, 2, 4, 6),
+               "bf16_sum_ignores_layout": (2, 3)}
 
 
 @pytest.fixture(scope="session")

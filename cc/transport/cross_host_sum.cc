@@ -30,11 +30,15 @@ Status CrossHostSum::Run(Transport* transport, float* values, int64_t count,
   const std::vector<int64_t> receive_bytes(ranks, chunk_bytes[me]);
   TFRING_RETURN_IF_ERROR(transport->Alltoallv(send_.data(), chunk_bytes, received_.data(),
                                               receive_bytes));
-  // This rank's chunk: its own float32 values plus the others' arrivals, in
-  // rank order, in float32.
+  // This rank's chunk: every rank's encoded values, its own included (it
+  // sent them to itself), summed in rank order in float32. Rounding its own
+  // values like the others' makes each element's sum the same whichever
+  // rank owns it; the chunk boundaries follow the buffer's layout (for a
+  // fused buffer, how the step's tensors were fused, which depends on
+  // timing), so bf16 results are then bit for bit the same from run to run.
   float* mine = values + begin(me);
-  for (int j = 0; j < ranks; ++j) {
-    if (j == me) continue;
+  DecodeWire(received_.data(), my_count, compression, mine);
+  for (int j = 1; j < ranks; ++j) {
     AccumulateWire(received_.data() + j * chunk_bytes[me], my_count, compression, mine);
   }
 

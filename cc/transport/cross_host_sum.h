@@ -8,9 +8,9 @@
 //
 // How (a reduce-scatter then an allgather, each on encoded data): the data
 // is cut into one chunk per rank; every rank sends chunk j, encoded, to rank
-// j (Alltoallv); rank j adds the arrivals to its own float32 chunk in rank
-// order and encodes the sum; every rank gathers the encoded sums (Allgatherv)
-// and decodes them. Each rank sends and receives 2 (n - 1) / n of the data
+// j (Alltoallv); rank j decodes the arrivals, its own chunk's included,
+// adds them in rank order in float32 and encodes the sum; every rank gathers
+// the encoded sums (Allgatherv) and decodes them. Each rank sends and receives 2 (n - 1) / n of the data
 // at 16 bits: half of what a float32 ring moves. Every rank, the owner of a
 // chunk included, ends with the decoded bits of the same encoded sum, so the
 // results are identical on every rank.

@@ -185,6 +185,37 @@ void TestCrossHostSum(int size) {
   }
 }
 
+// The same values summed at different offsets of the buffer (so that other
+// ranks own their chunks, as when a step's tensors fuse differently) give
+// the same bf16 bits: each element's sum does not depend on its owner.
+void TestBf16SumIgnoresLayout(int size) {
+  auto world = std::make_shared<LoopbackWorld>(size);
+  const int64_t count = 1000;
+  std::vector<std::vector<std::vector<float>>> results(size);  // [rank][shift]
+  const std::vector<int64_t> shifts = {0, 1, 7, 333};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      LoopbackTransport transport(world, rank);
+      CrossHostSum sum;
+      for (int64_t shift : shifts) {
+        // `shift` leading values, then the same `count` values every time.
+        std::vector<float> values(shift + count);
+        for (int64_t i = 0; i < shift; ++i) values[i] = InputValue(rank, count + i);
+        for (int64_t i = 0; i < count; ++i) values[shift + i] = InputValue(rank, i);
+        Status status = sum.Run(&transport, values.data(), shift + count, WireCompression::kBf16);
+        EXPECT_TRUE(status.ok(), status.message());
+        results[rank].emplace_back(values.begin() + shift, values.end());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (size_t s = 1; s < shifts.size(); ++s) {
+    EXPECT_TRUE(std::memcmp(results[0][s].data(), results[0][0].data(), count * 4) == 0,
+                "size " << size << ": shifted by " << shifts[s] << ", the bf16 sums differ");
+  }
+}
+
 // HierarchicalTransport::AllreduceWire over every split of `size` into
 // hosts x local ranks: one host gives exactly the uncompressed sum; several
 // give identical bits on every rank within the bounds; other dtypes and ops
@@ -263,6 +294,7 @@ int main(int argc, char** argv) {
       {"round_trip_bounds", TestRoundTripBounds},
       {"fp16_cannot_overflow", TestFp16CannotOverflow},
       {"cross_host_sum", TestCrossHostSum},
+      {"bf16_sum_ignores_layout", TestBf16SumIgnoresLayout},
       {"compressed_hierarchical_allreduce", TestCompressedHierarchicalAllreduce},
   };
   return RunScenarios(scenarios, argv[1], " size=" + std::to_string(size),
