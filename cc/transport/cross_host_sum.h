@@ -10,8 +10,9 @@
 // is cut into one chunk per rank; every rank sends chunk j, encoded, to rank
 // j (Alltoallv); rank j decodes the arrivals, its own chunk's included,
 // adds them in rank order in float32 and encodes the sum; every rank gathers
-// the encoded sums (Allgatherv) and decodes them. Each rank sends and receives 2 (n - 1) / n of the data
-// at 16 bits: half of what a float32 ring moves. Every rank, the owner of a
+// the encoded sums (Allgatherv) and decodes them. Each rank sends and
+// receives 2 (n - 1) / n of the data at 16 bits: half of what a float32
+// ring moves. Every rank, the owner of a
 // chunk included, ends with the decoded bits of the same encoded sum, so the
 // results are identical on every rank.
 #ifndef TFRING_CC_TRANSPORT_CROSS_HOST_SUM_H_

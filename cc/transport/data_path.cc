@@ -52,9 +52,9 @@ Status ConnectHierarchical(MpiTransport* flat, const Config& config,
       ShmTransport::Connect(local_inner, std::move(local_mpi), config, job_ranks, &local));
   // Uncompressed allreduces: all, those above the threshold, or none take
   // the hierarchy.
-  const int64_t min_bytes = config.hierarchical_allreduce == 1                 ? 0
-                            : config.hierarchical_allreduce == kHierarchicalAuto ? config.hierarchical_threshold
-                                                                               : -1;
+  int64_t min_bytes = -1;
+  if (config.hierarchical_allreduce == 1) min_bytes = 0;
+  if (config.hierarchical_allreduce == kHierarchicalAuto) min_bytes = config.hierarchical_threshold;
   transport->reset(new HierarchicalTransport(flat, std::move(local), std::move(cross), min_bytes));
   return Status::OK();
 }

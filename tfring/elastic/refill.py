@@ -22,9 +22,10 @@ def refill_to_min_np(members, settings):
     ranks, waiting up to settings.timeout_s for the script to list them.
     Returns True when ranks were started, or a start failed (the job was
     rebuilt: the state is synced again); False when none were needed, or
-    the wait ran out (the caller's limit check then ends the job). Raises InternalError on every waiting rank
-    when one of them died during the wait (the caller resets and calls it
-    again). Collective over the job's ranks."""
+    the wait ran out (the caller's limit check then ends the job). Raises
+    InternalError on every waiting rank when one of them died during the
+    wait (the caller resets and calls it again). Collective over the job's
+    ranks."""
     if members.comm.Get_size() >= settings.min_np or not discovery.enabled():
         return False
     deadline = time.monotonic() + settings.timeout_s
