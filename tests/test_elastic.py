@@ -311,6 +311,8 @@ def test_a_discovery_script_tells_the_ranks_the_launch_hosts():
      r"--slots applies to hosts found by --host-discovery-script"),
     (["-np", "2", "--min-np", "1", "--spawn-timeout", "0"],
      r"--spawn-timeout 0 is not a positive number of seconds"),
+    (["-np", "2", "--min-np", "1", "--elastic-timeout", "-5"],
+     r"--elastic-timeout -5 is not a non-negative number of seconds"),
 ])
 def test_bad_elastic_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -325,6 +327,15 @@ def test_a_bad_spawn_timeout_is_refused_and_the_default_is_two_minutes():
     with pytest.raises(ValueError, match=r"TFRING_ELASTIC_SPAWN_TIMEOUT='-1' "
                        r"is not a positive number of seconds"):
         settings.from_environment({"TFRING_ELASTIC_SPAWN_TIMEOUT": "-1"})
+
+
+def test_an_elastic_timeout_of_zero_is_kept_and_a_bad_one_is_refused():
+    assert settings.from_environment({}).timeout_s == 600.0
+    assert settings.from_environment(
+        {"TFRING_ELASTIC_TIMEOUT": "0"}).timeout_s == 0.0
+    with pytest.raises(ValueError, match=r"TFRING_ELASTIC_TIMEOUT='soon' "
+                       r"is not a non-negative number of seconds"):
+        settings.from_environment({"TFRING_ELASTIC_TIMEOUT": "soon"})
 
 
 class _Clock:

@@ -41,17 +41,19 @@ def _int(environ, name, default):
             f"{name}.") from None
 
 
-def _seconds(environ, name, default):
+def _seconds(environ, name, default, zero_allowed=False):
     text = environ.get(name, "").strip()
     if not text:
         return default
     try:
         value = float(text)
     except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
+        value = -1.0
+    lowest_ok = 0 <= value if zero_allowed else 0 < value
+    if not (lowest_ok and value < float("inf")):
+        kind = "non-negative" if zero_allowed else "positive"
         raise ValueError(
-            f"tfring elastic: {name}={text!r} is not a positive number of "
+            f"tfring elastic: {name}={text!r} is not a {kind} number of "
             f"seconds. Expected e.g. 120 (tfringrun sets it from its "
             f"options). Fix or unset {name}.")
     return value
@@ -59,13 +61,13 @@ def _seconds(environ, name, default):
 
 def from_environment(environ=None):
     environ = os.environ if environ is None else environ
-    timeout = environ.get(TIMEOUT, "").strip()
     return Settings(
         enabled=environ.get(ELASTIC, "") == "1",
         min_np=_int(environ, MIN_NP, 1),
         max_np=_int(environ, MAX_NP, 0),
         reset_limit=_int(environ, RESET_LIMIT, 0),
-        timeout_s=float(timeout) if timeout else 600.0,
+        # 0 is a choice: below --min-np, end at once even with a script.
+        timeout_s=_seconds(environ, TIMEOUT, 600.0, zero_allowed=True),
         spawn_timeout_s=_seconds(environ, SPAWN_TIMEOUT,
                                  DEFAULT_SPAWN_TIMEOUT_S),
     )

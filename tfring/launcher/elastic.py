@@ -111,6 +111,12 @@ def check(args):
         raise ValueError(
             f"--spawn-timeout {spawn_timeout:g} is not a positive number of "
             "seconds. Expected e.g. 120. Fix the number.")
+    elastic_timeout = getattr(args, "elastic_timeout", None)
+    if elastic_timeout is not None and not 0 <= elastic_timeout < float("inf"):
+        raise ValueError(
+            f"--elastic-timeout {elastic_timeout:g} is not a non-negative "
+            "number of seconds. Expected e.g. 600, or 0 to end a job below "
+            "--min-np at once. Fix the number.")
     if not enabled(args):
         return
     np = args.num_proc
