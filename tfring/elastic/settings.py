@@ -49,14 +49,17 @@ def _seconds(environ, name, default, zero_allowed=False):
         value = float(text)
     except ValueError:
         value = -1.0
-    lowest_ok = 0 <= value if zero_allowed else 0 < value
-    if not (lowest_ok and value < float("inf")):
-        kind = "non-negative" if zero_allowed else "positive"
-        raise ValueError(
-            f"tfring elastic: {name}={text!r} is not a {kind} number of "
-            f"seconds. Expected e.g. 120 (tfringrun sets it from its "
-            f"options). Fix or unset {name}.")
-    return value
+    if zero_allowed and 0 <= value < float("inf"):
+        return value
+    if not zero_allowed and 0 < value < float("inf"):
+        return value
+    fix = (f"Expected e.g. 120 (tfringrun sets it from its options). Fix or "
+           f"unset {name}.")
+    if zero_allowed:
+        raise ValueError(f"tfring elastic: {name}={text!r} is not a "
+                         f"non-negative number of seconds. {fix}")
+    raise ValueError(f"tfring elastic: {name}={text!r} is not a positive "
+                     f"number of seconds. {fix}")
 
 
 def from_environment(environ=None):
