@@ -108,7 +108,6 @@ def test_a_host_whose_daemon_dies_ends_the_job_with_an_error(hosts):
     # end can make the launch return in time.
     result = _run(hosts, [], ["daemon_lost", "2000", "2", "1", "3"],
                   status=75, timeout=120)
-    assert "KILLING prted" in result.output, result.describe()
     assert "PRTE has lost communication with a remote daemon" in (
         result.output), result.describe()
     assert ("tfringrun: error: Open MPI's runtime (PRRTE) ended the job "
