@@ -4,8 +4,9 @@
 # from the last commit. (PRRTE ends the job when a
 # host's daemon dies, so a lost host is its ranks killed: docs/elastic.md.)
 # Then the host discovery script stops listing the third host: its rank
-# leaves and the others go on without a rollback. Skips where network
-# namespaces cannot be made.
+# leaves and the others go on without a rollback. A host whose daemon dies
+# too ends the job, and tfringrun exits with an error saying so. Skips where
+# network namespaces cannot be made.
 
 import json
 import os
@@ -31,7 +32,8 @@ def hosts():
         yield made
 
 
-def _run(hosts, options, script_args, ranks=3, slots=(1, 1, 1), **extra_env):
+def _run(hosts, options, script_args, ranks=3, slots=(1, 1, 1), status=0,
+         timeout=JOB_TIMEOUT_S, **extra_env):
     argv = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(ranks),
             "--min-np", "2", "-H",
             ",".join(f"{h}:{n}" for h, n in zip(HOST_NAMES, slots)),
@@ -40,11 +42,11 @@ def _run(hosts, options, script_args, ranks=3, slots=(1, 1, 1), **extra_env):
                TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
                **hosts.mpi_env(), **extra_env)
     result = mpi_launch.launch_command(hosts[0].enter(argv, cwd=REPO),
-                                       JOB_TIMEOUT_S, env=env, cwd=str(REPO))
+                                       timeout, env=env, cwd=str(REPO))
     strays = hosts.stray_processes()
     assert not strays, f"left running: {strays}\n{result.describe()}"
     assert not result.timed_out, result.describe()
-    assert result.returncode == 0, result.describe()
+    assert result.returncode == status, result.describe()
     return result
 
 
@@ -95,3 +97,20 @@ def test_the_rank_of_a_host_no_longer_discovered_leaves_without_rollback(
             "leaves the job") in result.output, result.describe()
     # A host change, not a failure: nobody rolled back.
     assert "saw a failure" not in result.output, result.describe()
+
+
+def test_a_host_whose_daemon_dies_ends_the_job_with_an_error(hosts):
+    # hostB's only rank (rank 1) kills hostB's PRRTE daemon, its parent, and
+    # then itself at step 3: PRRTE 3.0 ends the job (every rank, on every
+    # host) and its mpirun exits 0; tfringrun must exit with its own status
+    # and say which host was lost. The survivors would train for 200 s more
+    # (0.1 s per step), longer than the launch's timeout, so only the job's
+    # end can make the launch return in time.
+    result = _run(hosts, [], ["daemon_lost", "2000", "2", "1", "3"],
+                  status=75, timeout=120)
+    assert "PRTE has lost communication with a remote daemon" in (
+        result.output), result.describe()
+    assert ("tfringrun: error: Open MPI's runtime (PRRTE) ended the job "
+            "because it lost contact with the daemon on host hostB") in (
+        result.output), result.describe()
+    assert "RESULT " not in result.output, result.describe()

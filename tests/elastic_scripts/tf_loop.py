@@ -23,7 +23,11 @@ die together with SIGKILL before their allreduce at step KILL_STEP; then
 rank 0 writes $TFRING_TEST_NEW_HOSTS to $TFRING_TEST_HOSTS_FILE at step
 KILL_STEP + COMMIT_EVERY) or spawn_fails (as grow, but the program started
 is never_joins.sh, which never joins: the ranks give up after the spawn
-timeout and go on).
+timeout and go on) or daemon_lost (KILL_RANK, the only rank of its host,
+kills its parent, that host's PRRTE daemon prted, and then itself with
+SIGKILL before its allreduce at step KILL_STEP: the whole host is lost; the
+steps after KILL_STEP take 0.1 s each, so the job is still training when
+PRRTE ends it).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -57,6 +61,20 @@ embedding = tf.Variable(tf.zeros([4], tf.float64))
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_daemon_and_die():
+    # The parent must be prted: a rank whose parent is prterun (on the
+    # launching host) or that was orphaned must not kill it.
+    daemon = os.getppid()
+    with open(f"/proc/{daemon}/comm") as f:
+        name = f.read().strip()
+    if name != "prted":
+        raise AssertionError(f"rank {original_rank}'s parent {daemon} is "
+                             f"{name!r}, not prted: put it on another host")
+    print(f"KILLING prted {daemon} of {socket.gethostname()}", flush=True)
+    os.kill(daemon, signal.SIGKILL)
+    die()
 
 
 class CommitDyingState(elastic.TensorFlowState):
@@ -138,6 +156,11 @@ def train(state):
         if (scenario == "host_lost_then_grow" and original_rank == 0
                 and state.step == kill_step + commit_every):
             list_new_hosts()
+        if (scenario == "daemon_lost" and original_rank == kill_rank
+                and state.step == kill_step):
+            kill_daemon_and_die()
+        if scenario == "daemon_lost" and state.step > kill_step:
+            time.sleep(0.1)
         if (scenario in ("mid_step", "during_reset", "refill", "die_waiting")
                 and original_rank == kill_rank
                 and state.step == kill_step):

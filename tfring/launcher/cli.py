@@ -4,7 +4,8 @@
 # arguments, runs the checks the user asked for (tfring/launcher/checks.py),
 # then builds the mpirun command (tfring/launcher/command.py) and runs it
 # (tfring/launcher/supervise.py), passing mpirun's exit status on and saying
-# when a signal (Ctrl-C) stopped the job.
+# when a signal (Ctrl-C) stopped the job or Open MPI's runtime ended it on
+# losing a host's daemon.
 #
 #   tfringrun -np 4 python train.py
 #   tfringrun -np 4 -H node1:2,node2:2 --verbose -- python train.py --epochs 3
