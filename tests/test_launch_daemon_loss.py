@@ -142,3 +142,83 @@ def test_stderr_reaches_tfringruns_stderr_while_mpirun_runs(tmp_path):
     finally:
         rc, _, rest = _finish(proc)
     assert (rc, first + rest) == (0, b"half a line, then the rest\n")
+
+
+# An elastic job that PRRTE ended on losing a host's daemon starts again on
+# the other hosts (tfring/launcher/restart.py). The fake mpirun loses the
+# host named by its call number (a counter file) and records each call's
+# arguments, so the test sees what tfringrun asked of each launch.
+_LOSES_HOSTS = """
+calls = {calls!r}
+n = len(os.listdir(calls))
+with open(os.path.join(calls, str(n)), "w") as f:
+    f.write("\\n".join(sys.argv[1:]))
+lost = {lost!r}
+if n < len(lost):
+    sys.stderr.buffer.write({node_died!r}.replace(b"hostB", lost[n].encode()))
+sys.exit(0)
+"""
+
+
+def _elastic_job(tmp_path, lost, *options):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    body = _LOSES_HOSTS.format(calls=str(calls), lost=[h for h in lost],
+                               node_died=NODE_DIED)
+    env = mpi_launch.working_tree_env(
+        TFRING_MPIRUN=str(_fake_mpirun(tmp_path, body)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfring.launcher.cli", "-np", "3",
+         "-H", "hostA:1,hostB.cluster:1,hostC:1", *options, "true"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True)
+    rc, _, err = _finish(proc)
+    launches = [(calls / str(i)).read_text().split("\n")
+                for i in range(len(list(calls.iterdir())))]
+    return rc, err.decode(), launches
+
+
+def _value(argv, option):
+    return argv[argv.index(option) + 1]
+
+
+def test_an_elastic_job_starts_again_without_the_lost_host(tmp_path):
+    rc, err, launches = _elastic_job(tmp_path, ["hostB"], "--min-np", "2")
+    assert rc == 0, err
+    assert len(launches) == 2, err
+    first, second = launches
+    assert (_value(first, "-np"), _value(first, "-H")) == (
+        "3", "hostA:1,hostB.cluster:1,hostC:1")
+    # PRRTE named hostB; -H said hostB.cluster: the same short name.
+    assert (_value(second, "-np"), _value(second, "-H")) == (
+        "2", "hostA:1,hostC:1")
+    assert "TFRING_ELASTIC_RESTARTS=1" in second, second
+    assert not any(a.startswith("TFRING_ELASTIC_RESTARTS") for a in first)
+    assert "TFRING_ELASTIC_MAX_NP=3" in second, second
+    assert ("tfringrun: starting the job again without host hostB, at 2 "
+            "ranks on hostA:1,hostC:1 (restart 1;") in err, err
+    assert "tfringrun: error" not in err, err
+
+
+@pytest.mark.parametrize("options, lost, why", [
+    (["--min-np", "1", "--reset-limit", "1"], ["hostB", "hostC"],
+     "a restart would be more resets than --reset-limit 1"),
+    (["--min-np", "3"], ["hostB"],
+     "the hosts left have 2 slot(s), fewer than --min-np 3"),
+    (["--min-np", "1"], ["hostD"],
+     "host hostD is not among the job's hosts (-H/--hostfile)"),
+])
+def test_an_elastic_job_that_cannot_start_again_ends_with_the_reason(
+        tmp_path, options, lost, why):
+    rc, err, launches = _elastic_job(tmp_path, lost, *options)
+    assert rc == daemon_loss.EXIT_STATUS, err
+    assert len(launches) == len(lost), err
+    assert (KEY_PHRASE + f" host {lost[-1]}") in err, err
+    assert ("tfringrun did not start the job again on the other hosts: "
+            + why) in err, err
+
+
+def test_a_fixed_size_job_is_not_started_again(tmp_path):
+    rc, err, launches = _elastic_job(tmp_path, ["hostB"])
+    assert rc == daemon_loss.EXIT_STATUS and len(launches) == 1, err
+    assert "did not start the job again" not in err, err

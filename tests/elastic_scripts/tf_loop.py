@@ -27,7 +27,7 @@ timeout and go on) or daemon_lost (KILL_RANK, the only rank of its host,
 kills its parent, that host's PRRTE daemon prted, and then itself with
 SIGKILL before its allreduce at step KILL_STEP: the whole host is lost; the
 steps after KILL_STEP take 0.1 s each, so the job is still training when
-PRRTE ends it).
+PRRTE ends it; in a job tfringrun started again, nobody is killed).
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -47,6 +47,7 @@ import tensorflow as tf
 import tfring
 import tfring.elastic as elastic
 from tfring.elastic import discovery
+from tfring.elastic import settings as elastic_settings
 
 scenario = sys.argv[1]
 steps, commit_every, kill_rank, kill_step = map(int, sys.argv[2:6])
@@ -157,7 +158,8 @@ def train(state):
                 and state.step == kill_step + commit_every):
             list_new_hosts()
         if (scenario == "daemon_lost" and original_rank == kill_rank
-                and state.step == kill_step):
+                and state.step == kill_step
+                and not elastic_settings.from_environment().restarts):
             kill_daemon_and_die()
         if scenario == "daemon_lost" and state.step > kill_step:
             time.sleep(0.1)

@@ -13,6 +13,9 @@ MAX_NP = "TFRING_ELASTIC_MAX_NP"
 RESET_LIMIT = "TFRING_ELASTIC_RESET_LIMIT"
 TIMEOUT = "TFRING_ELASTIC_TIMEOUT"
 SPAWN_TIMEOUT = "TFRING_ELASTIC_SPAWN_TIMEOUT"
+# How many times tfringrun started the job again after PRRTE ended it on
+# losing a host's daemon (tfring/launcher/restart.py); 0 at first.
+RESTARTS = "TFRING_ELASTIC_RESTARTS"
 # Seconds ranks started into the job get to join it: Python, mpi4py and
 # tfring start in a few seconds here, but a loaded host needs far more.
 DEFAULT_SPAWN_TIMEOUT_S = 120.0
@@ -26,6 +29,7 @@ class Settings:
     reset_limit: int = 0  # 0: no limit
     timeout_s: float = 600.0
     spawn_timeout_s: float = DEFAULT_SPAWN_TIMEOUT_S
+    restarts: int = 0
 
 
 def _int(environ, name, default):
@@ -73,4 +77,5 @@ def from_environment(environ=None):
         timeout_s=_seconds(environ, TIMEOUT, 600.0, zero_allowed=True),
         spawn_timeout_s=_seconds(environ, SPAWN_TIMEOUT,
                                  DEFAULT_SPAWN_TIMEOUT_S),
+        restarts=_int(environ, RESTARTS, 0),
     )

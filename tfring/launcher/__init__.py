@@ -8,6 +8,7 @@ installed); of the core it reads only the knobs' defaults.
   cli.py        the command line: parses, runs the checks asked for and mpirun
   supervise.py  waits for mpirun, passes its exit status on, reports Ctrl-C
   daemon_loss.py  spots PRRTE ending the job on a lost host's daemon
+  restart.py    starts an elastic job again without a lost host
   command.py    hosts and the mpirun command line
   knobs.py      the TFRING_* flags, one table
   checks.py     --check-build and --check-hosts

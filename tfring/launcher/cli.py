@@ -5,7 +5,8 @@
 # then builds the mpirun command (tfring/launcher/command.py) and runs it
 # (tfring/launcher/supervise.py), passing mpirun's exit status on and saying
 # when a signal (Ctrl-C) stopped the job or Open MPI's runtime ended it on
-# losing a host's daemon.
+# losing a host's daemon; an elastic job is then started again on the other
+# hosts (tfring/launcher/restart.py).
 #
 #   tfringrun -np 4 python train.py
 #   tfringrun -np 4 -H node1:2,node2:2 --verbose -- python train.py --epochs 3
@@ -21,8 +22,10 @@ import sys
 
 from tfring.launcher import checks as launch_checks
 from tfring.launcher import command as launch_command
+from tfring.launcher import daemon_loss
 from tfring.launcher import elastic as launch_elastic
 from tfring.launcher import knobs as launch_knobs
+from tfring.launcher import restart as launch_restart
 from tfring.launcher import supervise as launch_supervise
 from tfring.launcher.command import RunnerError
 
@@ -262,11 +265,29 @@ def main(argv=None):
     except RunnerError as e:
         print(f"tfringrun: error: {e}", file=sys.stderr)
         return 1
-    if args.verbose:
-        print(shlex.join(command), file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return launch_supervise.run(command, env)
+    restarts = 0
+    while True:
+        if args.verbose:
+            print(shlex.join(command), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ended = launch_supervise.run(command, env)
+        if not ended.lost_daemon:
+            return ended.status
+        try:
+            args = launch_restart.without_lost_host(args, ended.lost_host,
+                                                    restarts)
+            command = launch_command.mpirun_command(args, *facts, library)
+        except RunnerError as why_not:
+            message = daemon_loss.error(ended.lost_host, ended.status)
+            if launch_elastic.enabled(args):
+                message = (f"{message} tfringrun did not start the job again "
+                           f"on the other hosts: {why_not}.")
+            print(f"tfringrun: error: {message}", file=sys.stderr, flush=True)
+            return daemon_loss.EXIT_STATUS
+        restarts += 1
+        print(launch_restart.notice(ended.lost_host, args), file=sys.stderr,
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,8 @@ def environment(args):
         values[elastic_settings.TIMEOUT] = args.elastic_timeout
     if getattr(args, "spawn_timeout", None) is not None:
         values[elastic_settings.SPAWN_TIMEOUT] = args.spawn_timeout
+    if getattr(args, "restarts", 0):
+        values[elastic_settings.RESTARTS] = args.restarts
     if args.host_discovery_script is not None:
         values[DISCOVERY_SCRIPT] = os.path.abspath(args.host_discovery_script)
         values[DISCOVERY_SLOTS] = args.slots or 1

@@ -22,11 +22,13 @@
 # pipe that tfringrun copies, byte for byte as it comes, to its own stderr,
 # watching it for PRRTE's message that it lost a host's daemon
 # (tfring/launcher/daemon_loss.py): mpirun then exits with status 0 though
-# it ended every rank, and tfringrun says so and exits with
+# it ended every rank; run() says so to its caller (tfring/launcher/cli.py),
+# which starts an elastic job again on the other hosts or ends with
 # daemon_loss.EXIT_STATUS. The copying happens in the loop that waits for
 # mpirun (select on the pipe), so no thread is needed and signals are
 # handled as before.
 
+import dataclasses
 import os
 import select
 import signal
@@ -96,9 +98,17 @@ class _StderrRelay:
             pass
 
 
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """How mpirun ended: tfringrun's exit status, unless PRRTE lost a
+    host's daemon (then `status` is mpirun's, and the caller decides)."""
+    status: int
+    lost_daemon: bool = False
+    lost_host: str = None  # the host PRRTE named, if it named one
+
+
 def run(command, env, err=sys.stderr):
-    """Runs `command` (mpirun) in `env` until it ends; returns tfringrun's
-    exit status."""
+    """Runs `command` (mpirun) in `env` until it ends; returns Ended."""
     received = []  # the stopping signals, in the order they came
     started = []  # the mpirun process, once it runs
 
@@ -145,14 +155,12 @@ def run(command, env, err=sys.stderr):
         print(f"tfringrun: the job was stopped by {STOPPING[signum]}; "
               f"mpirun ended every rank. Exit status {128 + signum}.",
               file=err, flush=True)
-        return 128 + signum
+        return Ended(128 + signum)
     if returncode < 0:  # mpirun itself was killed (SIGKILL, say)
         print(f"tfringrun: mpirun was killed by "
               f"{signal.Signals(-returncode).name}. Exit status "
               f"{128 - returncode}.", file=err, flush=True)
-        return 128 - returncode
+        return Ended(128 - returncode)
     if relay.watch.lost:
-        message = daemon_loss.error(relay.watch.host, returncode)
-        print(f"tfringrun: error: {message}", file=err, flush=True)
-        return daemon_loss.EXIT_STATUS
-    return returncode
+        return Ended(returncode, lost_daemon=True, lost_host=relay.watch.host)
+    return Ended(returncode)
