@@ -75,6 +75,10 @@ bool Parse(const char* knob, const char* variable, const char* text, int64_t max
       *out = kHierarchicalCompressed;
       return true;
     }
+    if (strcasecmp(text, "measured") == 0) {
+      *out = kHierarchicalMeasured;
+      return true;
+    }
   }
   char* end = nullptr;
   errno = 0;

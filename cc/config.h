@@ -17,9 +17,10 @@
 
 namespace tfring {
 
-// TFRING_HIERARCHICAL_ALLREDUCE=auto and =compressed (the default).
+// TFRING_HIERARCHICAL_ALLREDUCE=auto, =compressed and =measured (the default).
 constexpr int64_t kHierarchicalAuto = 2;
 constexpr int64_t kHierarchicalCompressed = 3;
+constexpr int64_t kHierarchicalMeasured = 4;
 
 // The largest TFRING_SHM_BYTES (1 TiB): only two chunks of at most 512 KiB of
 // a slot are ever used, so this only keeps the segment's size arithmetic far
@@ -74,18 +75,24 @@ constexpr double kLargestCycleTimeMs = 60000.0;
   X(double, shm_timeout_s, "TFRING_SHM_TIMEOUT_SECONDS", 30.0, 1e6, kJob,                       \
     "Seconds a rank waits for a live peer inside a shared-memory data operation before "  \
     "the job fails; a peer that exited is noticed within milliseconds.")                   \
-  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", kHierarchicalCompressed, kHierarchicalCompressed, kJob, \
+  X(int64_t, hierarchical_allreduce, "TFRING_HIERARCHICAL_ALLREDUCE", kHierarchicalMeasured, kHierarchicalMeasured, kJob, \
     "When the ranks span hosts with the same number (two or more) on each: 1 reduces "    \
     "every allreduce inside each host, then across hosts one slice per local rank, then " \
     "gathers inside the host; auto (or 2) only allreduces of at least "                    \
-    "TFRING_HIERARCHICAL_THRESHOLD bytes; compressed (or 3, default) only allreduces "    \
-    "with wire compression, which then encode nothing inside the host (uncompressed "     \
-    "ones stay flat: MPI's own allreduce was as fast or faster where measured); 0 never: " \
-    "wire-compressed allreduces then encode every rank's data among all ranks.")          \
+    "TFRING_HIERARCHICAL_THRESHOLD bytes; compressed (or 3) only allreduces with wire "   \
+    "compression, which then encode nothing inside the host; measured (or 4, default) "   \
+    "those too, and uncompressed allreduces of at least TFRING_HIERARCHICAL_THRESHOLD "    \
+    "bytes take whichever of the flat and hierarchical paths was faster in the job's "    \
+    "first TFRING_HIERARCHICAL_TRIALS of each (the faster one depends on the links); 0 "  \
+    "never: wire-compressed allreduces then encode every rank's data among all ranks.")   \
+  X(int64_t, hierarchical_trials, "TFRING_HIERARCHICAL_TRIALS", 16, 1 << 20, kJob,           \
+    "With TFRING_HIERARCHICAL_ALLREDUCE=measured: how many uncompressed allreduces of at " \
+    "least TFRING_HIERARCHICAL_THRESHOLD bytes are timed on each path (after two of "     \
+    "each to warm up) before the ranks agree on the faster one.")                          \
   X(int64_t, hierarchical_threshold, "TFRING_HIERARCHICAL_THRESHOLD", 256 * 1024, int64_t{1} << 40, kJob,    \
-    "With TFRING_HIERARCHICAL_ALLREDUCE=auto: allreduces (fused batches or single "         \
-    "tensors) of at least this many bytes take the hierarchical path; smaller ones stay "  \
-    "flat.")                                                                              \
+    "With TFRING_HIERARCHICAL_ALLREDUCE=auto or measured: allreduces (fused batches or "  \
+    "single tensors) of at least this many bytes may take the hierarchical path; "        \
+    "smaller ones stay flat.")                                                            \
   X(int64_t, wire_compression, "TFRING_WIRE_COMPRESSION", 0, 2, kJob,                        \
     "How float32 Sum/Average allreduces cross hosts when the script asks for no "         \
     "compression: none (or 0, default) as float32; bf16 (1) as bfloat16; fp16 (2) as "     \

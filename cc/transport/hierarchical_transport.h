@@ -12,7 +12,9 @@
 // slice j is reduced by one cross-host allreduce, then copied: every rank of
 // the job ends with the same bits. Only allreduces of at least `min_bytes`
 // take this path (three steps cost more than one for small messages);
-// negotiation and every other collective use the flat transport.
+// negotiation and every other collective use the flat transport. When the
+// job leaves the choice to tfring, the uncompressed ones among them go flat
+// or hierarchical as measured in the job (path_trial.h).
 //
 // With wire compression (AllreduceWire), step (2) is a CrossHostSum: only
 // the slices that cross hosts are encoded; every allreduce so asked takes
@@ -28,6 +30,7 @@
 
 #include "cc/transport.h"
 #include "cc/transport/cross_host_sum.h"
+#include "cc/transport/path_trial.h"
 
 namespace tfring {
 
@@ -36,8 +39,15 @@ class HierarchicalTransport : public Transport {
   // `flat`: every rank (borrowed). `local`: this host's ranks. `cross`: the
   // ranks with this rank's local rank, one per host. Uncompressed
   // allreduces below `min_bytes` stay flat (a negative value: all of them).
+  // `trials` > 0: the others take the path measured faster after `trials`
+  // timed allreduces on each (PathTrial); 0: they all take the hierarchy.
   HierarchicalTransport(Transport* flat, std::unique_ptr<Transport> local,
-                        std::unique_ptr<Transport> cross, int64_t min_bytes);
+                        std::unique_ptr<Transport> cross, int64_t min_bytes,
+                        int64_t trials = 0);
+
+  // The path uncompressed allreduces take once measured; false while the
+  // trials run, or when nothing is measured.
+  bool MeasuredPath(PathTrial::Path* path) const;
 
   int rank() const override { return flat_->rank(); }
   int size() const override { return flat_->size(); }
@@ -73,11 +83,18 @@ class HierarchicalTransport : public Transport {
   }
 
  private:
+  // The three steps of an uncompressed allreduce.
+  Status HierarchicalAllreduce(const void* input, void* output, int64_t count, DataType dtype,
+                               ReduceOp op);
+  // The ranks add their PathTrial measurements and take the faster path.
+  Status AgreeOnPath();
+
   Transport* const flat_;
   const std::unique_ptr<Transport> local_;
   const std::unique_ptr<Transport> cross_;
   const int64_t min_bytes_;
   CrossHostSum cross_sum_;
+  std::unique_ptr<PathTrial> trial_;  // null: no measurement
 };
 
 }  // namespace tfring

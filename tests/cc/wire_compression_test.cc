@@ -1,5 +1,7 @@
 // Scenarios for the wire codec (cc/transport/wire_codec.h) and the
-// compressed cross-host sum (cross_host_sum.h, hierarchical_transport.h).
+// compressed cross-host sum (cross_host_sum.h, hierarchical_transport.h),
+// and the measured choice between the flat and hierarchical paths
+// (path_trial.h).
 // Usage: wire_compression_test <scenario|all|list> <world size>; ranks are
 // threads over loopback worlds (tests/test_wire_compression_core.py).
 #include <cmath>
@@ -18,6 +20,7 @@
 #include "cc/transport/cross_host_sum.h"
 #include "cc/transport/hierarchical_transport.h"
 #include "cc/transport/loopback_transport.h"
+#include "cc/transport/path_trial.h"
 #include "cc/transport/wire_codec.h"
 #include "tests/cc/expect.h"
 
@@ -277,6 +280,82 @@ void TestCompressedHierarchicalAllreduce(int size) {
   }
 }
 
+// PathTrial alone, with made-up times: the warm-up is not counted, the
+// paths alternate, and the faster one per MB wins whichever it is.
+void TestPathTrialPicksTheFasterPath(int) {
+  for (const bool hierarchical_faster : {true, false}) {
+    PathTrial trial(/*trials=*/3);
+    int64_t calls = 0;
+    while (!trial.NeedsAgreement()) {
+      const PathTrial::Path path = trial.Next();
+      EXPECT_TRUE(path == (calls % 2 == 0 ? PathTrial::Path::kFlat : PathTrial::Path::kHierarchical),
+                  "call " << calls << ": the paths alternate");
+      const bool faster = (path == PathTrial::Path::kHierarchical) == hierarchical_faster;
+      // Warm-up calls (the first two of each) look 100x slower on the path
+      // that is in fact faster: they must not count.
+      const double seconds_per_mb = calls < 4 ? (faster ? 100.0 : 1.0) : (faster ? 0.5 : 1.0);
+      // Sizes differ between calls: the comparison is per MB.
+      const int64_t bytes = (calls + 1) * 1000000;
+      trial.Record(bytes, seconds_per_mb * static_cast<double>(bytes) / 1e6);
+      ++calls;
+      EXPECT_TRUE(calls <= 10, "agreement due after 2 x (2 + 3) calls, not " << calls);
+    }
+    EXPECT_TRUE(calls == 10, "agreement after " << calls << " calls");
+    EXPECT_TRUE(!trial.decided(), "not decided before the ranks agree");
+    int64_t measured[2];
+    trial.Measured(measured);
+    const int64_t summed[2] = {measured[0] * 3, measured[1] * 3};  // as if 3 ranks
+    trial.Agree(summed);
+    EXPECT_TRUE(trial.decided() && !trial.NeedsAgreement(), "decided once agreed");
+    const PathTrial::Path wanted =
+        hierarchical_faster ? PathTrial::Path::kHierarchical : PathTrial::Path::kFlat;
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_TRUE(trial.Next() == wanted, "the faster path, for good");
+      trial.Record(1000000, 10.0);
+    }
+  }
+}
+
+// The measured choice inside a HierarchicalTransport over loopback worlds:
+// exact integer sums before, at and after the agreement, and every rank
+// takes the same path in the end.
+void TestMeasuredPathIsExactAndAgreed(int size) {
+  const int local_size = size % 2 == 0 ? 2 : 1;
+  const int hosts = size / local_size;
+  auto flat_world = std::make_shared<LoopbackWorld>(size);
+  std::vector<std::shared_ptr<LoopbackWorld>> host_worlds, cross_worlds;
+  for (int h = 0; h < hosts; ++h) host_worlds.push_back(std::make_shared<LoopbackWorld>(local_size));
+  for (int j = 0; j < local_size; ++j) cross_worlds.push_back(std::make_shared<LoopbackWorld>(hosts));
+  const int64_t count = 4099;
+  std::vector<int> chosen(size, -1);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      const int host = rank / local_size, local_rank = rank % local_size;
+      LoopbackTransport flat(flat_world, rank);
+      HierarchicalTransport transport(
+          &flat, std::make_unique<LoopbackTransport>(host_worlds[host], local_rank),
+          std::make_unique<LoopbackTransport>(cross_worlds[local_rank], host),
+          /*min_bytes=*/0, /*trials=*/2);
+      for (int call = 0; call < 14; ++call) {
+        std::vector<int32_t> values(count, (rank + 1) * (call + 1)), sums(count, -1);
+        Status status = transport.Allreduce(values.data(), sums.data(), count, DataType::kInt32,
+                                            ReduceOp::kSum);
+        EXPECT_TRUE(status.ok(), status.message());
+        EXPECT_TRUE(sums == std::vector<int32_t>(count, (call + 1) * size * (size + 1) / 2),
+                    "rank " << rank << " call " << call << ": wrong sum");
+      }
+      PathTrial::Path path;
+      EXPECT_TRUE(transport.MeasuredPath(&path), "rank " << rank << " decided");
+      chosen[rank] = static_cast<int>(path);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int rank = 0; rank < size; ++rank) {
+    EXPECT_TRUE(chosen[rank] == chosen[0], "rank " << rank << " took another path");
+  }
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace tfring
@@ -296,6 +375,8 @@ int main(int argc, char** argv) {
       {"cross_host_sum", TestCrossHostSum},
       {"bf16_sum_ignores_layout", TestBf16SumIgnoresLayout},
       {"compressed_hierarchical_allreduce", TestCompressedHierarchicalAllreduce},
+      {"path_trial_picks_the_faster_path", TestPathTrialPicksTheFasterPath},
+      {"measured_path_is_exact_and_agreed", TestMeasuredPathIsExactAndAgreed},
   };
   return RunScenarios(scenarios, argv[1], " size=" + std::to_string(size),
                       [size](void (*fn)(int)) { fn(size); });

@@ -142,9 +142,14 @@ KNOB_FLAGS = (
              const="auto"),
     KnobFlag(("--hierarchical-threshold-mb",),
              "TFRING_HIERARCHICAL_THRESHOLD",
-             "with --hierarchical-allreduce-auto, the size in MiB from which "
-             "allreduces take the hierarchical path", MIB,
+             "with --hierarchical-allreduce-auto (and by default), the size "
+             "in MiB from which allreduces may take the hierarchical path",
+             MIB,
              maximum=2 ** 40),
+    KnobFlag(("--hierarchical-trials",), "TFRING_HIERARCHICAL_TRIALS",
+             "by default, how many large uncompressed allreduces are timed "
+             "on each of the flat and hierarchical paths before the job "
+             "keeps the faster", COUNT, maximum=2 ** 20),
     KnobFlag(("--wire-compression",), "TFRING_WIRE_COMPRESSION",
              "how float32 gradients cross hosts when the script asks for "
              "no compression",
