@@ -219,6 +219,33 @@ void TestBf16SumIgnoresLayout(int size) {
   }
 }
 
+// The loopback worlds of `size` ranks as `hosts` hosts of `local_size`:
+// every rank, its host's ranks, and the ranks of each local rank.
+struct HostWorlds {
+  HostWorlds(int size, int local_size) : local_size(local_size) {
+    flat = std::make_shared<LoopbackWorld>(size);
+    for (int h = 0; h < size / local_size; ++h) {
+      hosts.push_back(std::make_shared<LoopbackWorld>(local_size));
+    }
+    for (int j = 0; j < local_size; ++j) {
+      cross.push_back(std::make_shared<LoopbackWorld>(size / local_size));
+    }
+  }
+  // Rank `rank`'s hierarchical transport over `flat` (its LoopbackTransport
+  // of the world `flat`).
+  std::unique_ptr<HierarchicalTransport> Make(Transport* flat_transport, int rank,
+                                              int64_t min_bytes, int64_t trials = 0) const {
+    const int host = rank / local_size, local_rank = rank % local_size;
+    return std::make_unique<HierarchicalTransport>(
+        flat_transport, std::make_unique<LoopbackTransport>(hosts[host], local_rank),
+        std::make_unique<LoopbackTransport>(cross[local_rank], host), min_bytes, trials);
+  }
+
+  const int local_size;
+  std::shared_ptr<LoopbackWorld> flat;
+  std::vector<std::shared_ptr<LoopbackWorld>> hosts, cross;
+};
+
 // HierarchicalTransport::AllreduceWire over every split of `size` into
 // hosts x local ranks: one host gives exactly the uncompressed sum; several
 // give identical bits on every rank within the bounds; other dtypes and ops
@@ -227,10 +254,7 @@ void TestCompressedHierarchicalAllreduce(int size) {
   for (int local_size = 1; local_size <= size; ++local_size) {
     if (size % local_size != 0) continue;
     const int hosts = size / local_size;
-    auto flat_world = std::make_shared<LoopbackWorld>(size);
-    std::vector<std::shared_ptr<LoopbackWorld>> host_worlds, cross_worlds;
-    for (int h = 0; h < hosts; ++h) host_worlds.push_back(std::make_shared<LoopbackWorld>(local_size));
-    for (int j = 0; j < local_size; ++j) cross_worlds.push_back(std::make_shared<LoopbackWorld>(hosts));
+    const HostWorlds worlds(size, local_size);
     const int64_t count = 2 * kFp16BlockValues + 3;
     // results[rank][mode]; exact[rank]: the uncompressed sum.
     std::vector<std::vector<std::vector<float>>> results(size, std::vector<std::vector<float>>(3));
@@ -238,22 +262,19 @@ void TestCompressedHierarchicalAllreduce(int size) {
     std::vector<std::thread> threads;
     for (int rank = 0; rank < size; ++rank) {
       threads.emplace_back([&, rank] {
-        const int host = rank / local_size, local_rank = rank % local_size;
-        LoopbackTransport flat(flat_world, rank);
-        HierarchicalTransport transport(
-            &flat, std::make_unique<LoopbackTransport>(host_worlds[host], local_rank),
-            std::make_unique<LoopbackTransport>(cross_worlds[local_rank], host),
-            /*min_bytes=*/-1);
+        LoopbackTransport flat(worlds.flat, rank);
+        const std::unique_ptr<HierarchicalTransport> transport =
+            worlds.Make(&flat, rank, /*min_bytes=*/-1);
         std::vector<float> values(count);
         for (int64_t i = 0; i < count; ++i) values[i] = InputValue(rank, i);
         for (int m = 0; m < 3; ++m) {
           results[rank][m].resize(count);
-          Status status = transport.AllreduceWire(values.data(), results[rank][m].data(), count,
+          Status status = transport->AllreduceWire(values.data(), results[rank][m].data(), count,
                                                   DataType::kFloat32, ReduceOp::kSum, kModes[m]);
           EXPECT_TRUE(status.ok(), status.message());
         }
         integers[rank].assign(count, rank + 1);
-        Status status = transport.AllreduceWire(integers[rank].data(), integers[rank].data(),
+        Status status = transport->AllreduceWire(integers[rank].data(), integers[rank].data(),
                                                 count, DataType::kInt32, ReduceOp::kSum,
                                                 WireCompression::kBf16);
         EXPECT_TRUE(status.ok(), status.message());
@@ -320,33 +341,25 @@ void TestPathTrialPicksTheFasterPath(int) {
 // exact integer sums before, at and after the agreement, and every rank
 // takes the same path in the end.
 void TestMeasuredPathIsExactAndAgreed(int size) {
-  const int local_size = size % 2 == 0 ? 2 : 1;
-  const int hosts = size / local_size;
-  auto flat_world = std::make_shared<LoopbackWorld>(size);
-  std::vector<std::shared_ptr<LoopbackWorld>> host_worlds, cross_worlds;
-  for (int h = 0; h < hosts; ++h) host_worlds.push_back(std::make_shared<LoopbackWorld>(local_size));
-  for (int j = 0; j < local_size; ++j) cross_worlds.push_back(std::make_shared<LoopbackWorld>(hosts));
+  const HostWorlds worlds(size, size % 2 == 0 ? 2 : 1);
   const int64_t count = 4099;
   std::vector<int> chosen(size, -1);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
-      const int host = rank / local_size, local_rank = rank % local_size;
-      LoopbackTransport flat(flat_world, rank);
-      HierarchicalTransport transport(
-          &flat, std::make_unique<LoopbackTransport>(host_worlds[host], local_rank),
-          std::make_unique<LoopbackTransport>(cross_worlds[local_rank], host),
-          /*min_bytes=*/0, /*trials=*/2);
+      LoopbackTransport flat(worlds.flat, rank);
+      const std::unique_ptr<HierarchicalTransport> transport =
+          worlds.Make(&flat, rank, /*min_bytes=*/0, /*trials=*/2);
       for (int call = 0; call < 14; ++call) {
         std::vector<int32_t> values(count, (rank + 1) * (call + 1)), sums(count, -1);
-        Status status = transport.Allreduce(values.data(), sums.data(), count, DataType::kInt32,
+        Status status = transport->Allreduce(values.data(), sums.data(), count, DataType::kInt32,
                                             ReduceOp::kSum);
         EXPECT_TRUE(status.ok(), status.message());
         EXPECT_TRUE(sums == std::vector<int32_t>(count, (call + 1) * size * (size + 1) / 2),
                     "rank " << rank << " call " << call << ": wrong sum");
       }
       PathTrial::Path path;
-      EXPECT_TRUE(transport.MeasuredPath(&path), "rank " << rank << " decided");
+      EXPECT_TRUE(transport->MeasuredPath(&path), "rank " << rank << " decided");
       chosen[rank] = static_cast<int>(path);
     });
   }
