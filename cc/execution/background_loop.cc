@@ -153,12 +153,11 @@ Status BackgroundLoop::RunSet(SetRuntime& set, std::vector<SubmittedRequest> req
   }
   // Per-tensor failures only fail their tensors; what comes back is a
   // transport failure, after which the ranks cannot move data together.
+  // A transport failure comes back as "tfring stopped: a collective failed
+  // (...)", the words its own tensors got.
   status = set.executor.Execute(outcome->responses, queue_, trace.get());
   if (trace) timeline_->EndRound();
-  if (!status.ok()) {
-    return Status::Aborted("tfring stopped: a collective failed (" + status.message() + ")");
-  }
-  return Status::OK();
+  return status;
 }
 
 std::vector<uint64_t> BackgroundLoop::RootWords() const {

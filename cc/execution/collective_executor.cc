@@ -42,6 +42,13 @@ Status AllocateOutput(TensorEntry& entry, const std::vector<int64_t>& shape) {
                           allocated.message());
 }
 
+// A transport failure, in the words every tensor it fails gets (the batch
+// that met it, and every later one alike), so a user sees "tfring stopped"
+// whichever op it was.
+Status JobStopped(const Status& failure) {
+  return Status::Aborted("tfring stopped: a collective failed (" + failure.message() + ")");
+}
+
 }  // namespace
 
 CollectiveExecutor::CollectiveExecutor(Transport* transport, const Config& config,
@@ -117,7 +124,7 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
     return status;
   };
   Status transport_failure = PrepareOutputs(entries, &outcome);
-  if (!transport_failure.ok()) return fail_all(transport_failure);
+  if (!transport_failure.ok()) return fail_all(JobStopped(transport_failure));
 
   std::vector<FusionCandidate> candidates;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -152,7 +159,10 @@ Status CollectiveExecutor::Execute(const ResponseList& responses, TensorQueue* q
     Status status = transport_failure;  // once failed, the ranks cannot move data together
     if (status.ok()) {
       status = RunBatchCatching(batch, entries);
-      if (status.code() == StatusCode::kAborted) transport_failure = status;
+      if (status.code() == StatusCode::kAborted) {
+        status = JobStopped(status);
+        transport_failure = status;
+      }
       if (status.ok()) bytes_moved_ += batch_bytes;
     }
     for (size_t index : batch.members) CompleteEntry(entries[index], status);
