@@ -265,7 +265,6 @@ def main(argv=None):
     except RunnerError as e:
         print(f"tfringrun: error: {e}", file=sys.stderr)
         return 1
-    restarts = 0
     while True:
         if args.verbose:
             print(shlex.join(command), file=sys.stderr, flush=True)
@@ -275,8 +274,7 @@ def main(argv=None):
         if not ended.lost_daemon:
             return ended.status
         try:
-            args = launch_restart.without_lost_host(args, ended.lost_host,
-                                                    restarts)
+            args = launch_restart.without_lost_host(args, ended.lost_host)
             command = launch_command.mpirun_command(args, *facts, library)
         except RunnerError as why_not:
             message = daemon_loss.error(ended.lost_host, ended.status)
@@ -285,7 +283,6 @@ def main(argv=None):
                            f"on the other hosts: {why_not}.")
             print(f"tfringrun: error: {message}", file=sys.stderr, flush=True)
             return daemon_loss.EXIT_STATUS
-        restarts += 1
         print(launch_restart.notice(ended.lost_host, args), file=sys.stderr,
               flush=True)
 

@@ -147,6 +147,12 @@ def parse_host_list(text):
     return hosts
 
 
+def format_host_list(hosts):
+    """The `-H` value for `hosts` ("node1:2,node2:1"; a host whose slots
+    were not given counts one)."""
+    return ",".join(f"{host.name}:{host.slots or 1}" for host in hosts)
+
+
 def read_hostfile(path):
     """Hosts of an mpirun hostfile: one `host [slots=N] [max_slots=M]` per
     line; `#` starts a comment."""

@@ -8,13 +8,14 @@
 # (docs/elastic.md, "Why tfring cannot keep a job alive past a daemon's
 # death"). Starting the job again on the other hosts is what torchrun does
 # on every failure: the program starts afresh and resumes from its own
-# checkpoint; its ranks see TFRING_ELASTIC_RESTARTS, the number of such restarts so far.
-# A restart counts as one reset against --reset-limit, and it needs
-# --min-np slots on the hosts left.
+# checkpoint; its ranks see TFRING_ELASTIC_RESTARTS, the number of such
+# restarts so far. A restart counts as one reset against --reset-limit, and
+# it needs --min-np slots on the hosts left.
 
 import copy
 
 from tfring.elastic.settings import RESTARTS
+from tfring.launcher import command as launch_command
 from tfring.launcher import elastic as launch_elastic
 from tfring.launcher.command import RunnerError
 
@@ -26,10 +27,12 @@ def _same_host(listed, reported):
             or listed.split(".", 1)[0] == reported.split(".", 1)[0])
 
 
-def without_lost_host(args, lost_host, restarts_done):
+def without_lost_host(args, lost_host):
     """The arguments of the next launch, on the hosts of `args` other than
-    `lost_host`; raises RunnerError saying why the job does not start
-    again (not elastic, an unknown host, --reset-limit, too few slots)."""
+    `lost_host` (`args.restarts`: the restarts so far, absent at first);
+    raises RunnerError saying why the job does not start again (not
+    elastic, an unknown host, --reset-limit, too few slots)."""
+    restarts_done = getattr(args, "restarts", 0)
     if not launch_elastic.enabled(args):
         raise RunnerError(
             "only elastic jobs (--min-np, --max-np, ...) are started again "
@@ -53,8 +56,7 @@ def without_lost_host(args, lost_host, restarts_done):
             f"{min_np}")
     restarted = copy.copy(args)
     restarted.host_entries = left
-    restarted.hosts = ",".join(f"{host.name}:{host.slots or 1}"
-                               for host in left)
+    restarted.hosts = launch_command.format_host_list(left)
     restarted.hostfile = None
     restarted.num_proc = min(args.num_proc, slots)
     restarted.min_np = min_np
