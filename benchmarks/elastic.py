@@ -26,16 +26,24 @@ processes of this machine:
   new process's start-up with Python and PyTorch, the merge and the state's
   broadcast).
 - commit(): the time of TorchState.commit() (copies of the model's and
-  optimizer's state) by model size, in one process.
+  optimizer's state) by model size, in one process; then the same in an
+  elastic job's setting, where each host's first rank also keeps the commit
+  on disk for a restart after a lost host (tfring/elastic/kept_commit.py):
+  the time commit() takes there, and the time until the file is written
+  (on a thread of its own, while training goes on).
 
     python benchmarks/elastic.py --namespace-hosts   # as root, on Linux
 
 measures instead across 2 namespace hosts (benchmarks/_namespace_hosts.py)
 with --ranks-per-host ranks each: the recovery after every rank of the
 second host dies at once (SIGKILL; its PRRTE daemon stays, see
-docs/elastic.md), at 2 x --ranks-per-host ranks, and the growth of a job
-on the first host onto one slot of the second host (the time from the
-discovery script's change to the new rank's first step).
+docs/elastic.md), at 2 x --ranks-per-host ranks; the recovery after the
+second host's PRRTE daemon dies with its ranks (PRRTE ends the job,
+tfringrun starts it again on the first host, which resumes from the commit
+it kept on disk: the time from the kill to the first step of the new
+launch, and the steps redone); and the growth of a job on the first host
+onto one slot of the second host (the time from the discovery script's
+change to the new rank's first step).
 
 Each worker prints timestamped lines; this script reads them. Every job runs
 under a timeout.
@@ -79,6 +87,9 @@ def parse_args(argv=None):
     parser.add_argument("--kill-from", type=int, default=-1,
                         help="tfring worker: ranks from this one on die at "
                              "--kill-step (internal; -1: the last rank)")
+    parser.add_argument("--kill-daemon", action="store_true",
+                        help="tfring worker: the ranks that die kill their "
+                             "host's PRRTE daemon first (internal)")
     return parser.parse_args(argv)
 
 
@@ -93,6 +104,16 @@ def _model_and_data(torch):
     x = torch.randn(32, 256)
     y = torch.randint(0, 10, (32,))
     return model, x, y
+
+
+def _kill_host_daemon():
+    """Kills this rank's parent if it is a host's PRRTE daemon (prted): the
+    whole host is lost. Its host-mates find it dead already."""
+    import signal
+    daemon = os.getppid()
+    with open(f"/proc/{daemon}/comm") as f:
+        if f.read().strip() == "prted":
+            os.kill(daemon, signal.SIGKILL)
 
 
 def _kill_now(label):
@@ -116,11 +137,18 @@ def tfring_worker(args):
     state.register_reset_callbacks(
         [lambda: print(f"RESET {time.time():.6f} {original_rank}", flush=True)])
 
+    restarts = int(os.environ.get("TFRING_ELASTIC_RESTARTS", "0"))
+
     @hvd.elastic.run
     def train(state):
+        print(f"STARTED {time.time():.6f} {original_rank} {state.step} "
+              f"{restarts}", flush=True)
         while state.step < args.steps:
             first_killed = args.kill_from if args.kill_from >= 0 else args.ranks - 1
-            if original_rank >= first_killed and state.step == args.kill_step:
+            if (original_rank >= first_killed and state.step == args.kill_step
+                    and not restarts):
+                if args.kill_daemon:
+                    _kill_host_daemon()
                 _kill_now(original_rank)
             if args.grow_step >= 0 and state.step >= args.grow_step:
                 if original_rank == 0 and state.step == args.grow_step:
@@ -190,6 +218,7 @@ def commit_worker(args):
     import torch
     torch.set_num_threads(1)
     import tfring.torch as hvd
+    from tfring.elastic import kept_commit
 
     hvd.init()
     for millions in (1, 10, 50):
@@ -199,12 +228,29 @@ def commit_worker(args):
         model(torch.randn(1, width)).sum().backward()
         optimizer.step()  # the momentum buffers exist
         state = hvd.elastic.TorchState(model, optimizer, step=0)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            state.commit()
-            times.append(time.perf_counter() - start)
-        print(f"COMMIT {millions} {statistics.median(times):.6f}", flush=True)
+        in_memory = _commit_times(state, None)
+        with tempfile.TemporaryDirectory() as folder:
+            os.environ.update(TFRING_ELASTIC="1",
+                              TFRING_ELASTIC_COMMIT_DIR=folder)
+            kept = kept_commit.for_this_job()
+            on_disk = _commit_times(state, kept)
+            del os.environ["TFRING_ELASTIC"]
+        print(f"COMMIT {millions} {in_memory[0]:.6f} {on_disk[0]:.6f} "
+              f"{on_disk[1]:.6f}", flush=True)
+
+
+def _commit_times(state, kept):
+    """Medians of 5: commit()'s time, and (with `kept`) the time until the
+    commit is on disk."""
+    calls, written = [], []
+    for _ in range(5):
+        start = time.perf_counter()
+        state.commit()
+        calls.append(time.perf_counter() - start)
+        if kept is not None:
+            kept.wait()
+            written.append(time.perf_counter() - start)
+    return statistics.median(calls), statistics.median(written or [0.0])
 
 
 # --- the jobs --------------------------------------------------------------
@@ -237,7 +283,8 @@ def _tfringrun(args, elastic, kill_step):
                            *_worker_args(args, kill_step)])
 
 
-_FIELDS = {"KILL": 2, "RESET": 2, "COMMIT": 2, "STEP": 3, "DISCOVERED": 2}
+_FIELDS = {"KILL": 2, "RESET": 2, "COMMIT": 4, "STEP": 3, "DISCOVERED": 2,
+           "STARTED": 4}
 
 
 def _lines(output, kind, fields=None):
@@ -258,6 +305,24 @@ def _recovery_tfring(output):
     if not after:
         raise RuntimeError("no step completed after the reset:\n" + output[-4000:])
     return min(after) - killed_at
+
+
+def _restart_tfring(output, kill_step):
+    """Seconds from a host's loss (its daemon killed) to the first step of
+    the launch tfringrun started again, and the steps that launch redid."""
+    kills = _lines(output, "KILL")
+    restarted = [(float(t), int(step)) for t, _, step, restarts in
+                 _lines(output, "STARTED") if int(restarts) > 0]
+    if not kills or not restarted:
+        raise RuntimeError("no host was lost, or the job did not start "
+                           "again:\n" + output[-4000:])
+    started_at = min(t for t, _ in restarted)
+    after = [float(t) for t, _, _ in _lines(output, "STEP")
+             if float(t) > started_at]
+    if not after:
+        raise RuntimeError("no step after the restart:\n" + output[-4000:])
+    killed_at = min(float(kill[0]) for kill in kills)
+    return min(after) - killed_at, kill_step - max(step for _, step in restarted)
 
 
 def _growth_tfring(args, run=None, hosts=None, first_listing=None,
@@ -305,7 +370,7 @@ def _namespace_hosts_table(args):
     per_host = args.ranks_per_host
     setup = types.SimpleNamespace(hosts=2, ranks_per_host=per_host,
                                   link_rate="1gbit")
-    recoveries, growths = [], []
+    recoveries, restarts, growths = [], [], []
     with _namespace_hosts.namespace_hosts(setup) as hosts:
         names = [host.name for host in hosts.hosts]
 
@@ -326,6 +391,8 @@ def _namespace_hosts_table(args):
                        *_worker_args(lost, args.kill_step),
                        "--kill-from", str(per_host)]
             recoveries.append(_recovery_tfring(run(command)))
+            restarts.append(_restart_tfring(
+                run(command + ["--kill-daemon"]), args.kill_step))
             growths.append(_growth_tfring(
                 grown, run, everyone, f"{names[0]}:{per_host}\n",
                 f"{names[0]}:{per_host}\n{names[1]}:1\n"))
@@ -336,6 +403,12 @@ def _namespace_hosts_table(args):
     print(f"| recovery after every rank of one host died, {2 * per_host} to "
           f"{per_host} ranks | {statistics.median(recoveries):.2f} s "
           f"({', '.join(f'{t:.2f}' for t in recoveries)}) |")
+    print(f"| recovery after one host's PRRTE daemon died with its ranks "
+          f"(tfringrun starts the job again on the other host, from the "
+          f"commit it kept on disk), {2 * per_host} to {per_host} ranks | "
+          f"{statistics.median(t for t, _ in restarts):.2f} s "
+          f"({', '.join(f'{t:.2f}' for t, _ in restarts)}; steps redone: "
+          f"{', '.join(str(n) for _, n in restarts)}) |")
     print(f"| growth onto the other host: its new slot listed to the new rank's "
           f"first step, {per_host} to {per_host + 1} ranks | "
           f"{statistics.median(growths):.2f} s "
@@ -395,9 +468,11 @@ def main(argv=None):
     print(f"| step time, tfringrun | {plain * 1e3:.1f} ms |")
     print(f"| step time, tfringrun elastic (no failure) | {elastic * 1e3:.1f} ms "
           f"({elastic / plain:.2f}x) |")
-    for millions, seconds in commits:
+    for millions, in_memory, kept_call, kept_written in commits:
         print(f"| commit() of a {millions}M-parameter model and its SGD momentum | "
-              f"{float(seconds) * 1e3:.1f} ms |")
+              f"{float(in_memory) * 1e3:.1f} ms; kept on disk too: "
+              f"{float(kept_call) * 1e3:.1f} ms, written after "
+              f"{float(kept_written) * 1e3:.1f} ms |")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -105,16 +106,31 @@ def test_a_host_whose_daemon_dies_the_job_starts_again_on_the_other_hosts(
     # then itself at step 3: PRRTE 3.0 ends the job (every rank, on every
     # host) and its mpirun exits 0. tfringrun says which host was lost and
     # starts the job again on hostA and hostC (2 slots, --min-np 2), where
-    # it runs from the start and finishes. The first launch's survivors
-    # would train for 5.7 s more (0.1 s per step): PRRTE ends them first,
-    # so every result comes from the second launch.
+    # it resumes from the newest commit hostA or hostC kept on disk (every
+    # 2 steps: commit N ends step 2N; at least the one of step 2, before
+    # the kill) and finishes. The first launch's survivors would train for
+    # 5.7 s more (0.1 s per step): PRRTE ends them first, so every result
+    # comes from the second launch.
     steps = 60
     result = _run(hosts, [], ["daemon_lost", str(steps), "2", "1", "3"],
                   timeout=180)
     assert "PRTE has lost communication with a remote daemon" in (
         result.output), result.describe()
     assert ("tfringrun: starting the job again without host hostB, at 2 "
-            "ranks on hostA:1,hostC:1 (restart 1;") in result.output, (
-        result.describe())
+            "ranks on hostA:1,hostC:1 (restart 1; the program starts afresh "
+            "and tfring.elastic.run resumes from the newest commit a host "
+            "left kept on its disk;") in result.output, result.describe()
     assert "tfringrun: error" not in result.output, result.describe()
+    resumed = re.search(r"tfring elastic: resuming from commit (\d+), kept "
+                        r"on host (host[AC]) \(restart 1\)", result.output)
+    assert resumed, result.describe()
+    commit = int(resumed.group(1))
+    assert commit >= 1, result.describe()
+    # Each rank's training function started at step 0 in the first launch,
+    # and at the commit's step in the second.
+    for rank in (0, 1):
+        assert (f"STARTED rank {rank} at step {2 * commit}" in result.output
+                ), result.describe()
     _check_results(result, steps, {0: "hostA", 1: "hostC"})
+    assert not list(Path("/tmp").glob("tfring-elastic-*")), (
+        "tfringrun left its directory of kept commits")

@@ -27,7 +27,9 @@ timeout and go on) or daemon_lost (KILL_RANK, the only rank of its host,
 kills its parent, that host's PRRTE daemon prted, and then itself with
 SIGKILL before its allreduce at step KILL_STEP: the whole host is lost; the
 steps after KILL_STEP take 0.1 s each, so the job is still training when
-PRRTE ends it; in a job tfringrun started again, nobody is killed).
+PRRTE ends it; in a job tfringrun started again, nobody is killed, and
+tfring.elastic.run resumes from the newest commit a host kept). Each rank
+prints the step its training function first starts at.
 
 The gradient is the same on every rank, so the average is the same at any
 number of ranks: the final weights must equal the plain recurrence in the
@@ -145,6 +147,7 @@ def train(state):
     global joined_at_step
     if joined_at_step is None:
         joined_at_step = state.step
+        print(f"STARTED rank {original_rank} at step {state.step}", flush=True)
     while state.step < steps:
         if (scenario == "grow" and started_rank
                 and state.step == joined_at_step + commit_every + 1):

@@ -11,14 +11,18 @@
 # commit; the job ends with the error only when every rank left raised. It
 # decides whether an exception is a failure by asking the core (a collective
 # that failed because a peer died arrives as the framework's own error type)
-# and MPI (a failure seen by mpi4py while the state was broadcast).
+# and MPI (a failure seen by mpi4py while the state was broadcast). In a job
+# tfringrun started again after a lost host, it first makes the newest
+# commit a host kept on disk every rank's state (kept_commit.py).
 
 import functools
 import sys
 import traceback
 
 from tfring import _core
+from tfring import basics as _basics
 from tfring.elastic import discovery as _discovery
+from tfring.elastic import kept_commit as _kept_commit
 from tfring.elastic import membership as _membership
 from tfring.elastic import refill as _refill
 from tfring.elastic import settings as _settings
@@ -87,6 +91,7 @@ def run_fn(func, before_reset=None):
             return func(state, *args, **kwargs)
         members = _membership.current()
         members.start()
+        _resume_from_kept_commit(state, members, settings)
         skip_sync = False
         while True:
             failed = False
@@ -97,6 +102,7 @@ def run_fn(func, before_reset=None):
                 # Every live rank must have finished: a rank that returns
                 # while another resets would leave it waiting.
                 if members.agree(finished=True):
+                    _forget_kept_commit()
                     return result
                 failed = True
                 agreed = True
@@ -133,6 +139,42 @@ def run_fn(func, before_reset=None):
             state.on_reset()
 
     return wrapper
+
+
+def _resume_from_kept_commit(state, members, settings):
+    """In a job tfringrun started again after a lost host: every rank's
+    state becomes the newest commit that a host left kept on its disk (the
+    ranks of the first launch died with their commits in memory)."""
+    kept = _kept_commit.for_this_job()
+    if not settings.restarts or kept is None or state._snapshot() is None:
+        return
+    found = kept.read()
+    comm = members.comm
+    kept_by_rank = comm.allgather((found[0] if found else 0, kept.host))
+    newest = max(number for number, _ in kept_by_rank)
+    if newest == 0:
+        if comm.Get_rank() == 0:
+            print(f"tfring elastic: no host left kept a commit; the program "
+                  f"starts afresh (restart {settings.restarts}).",
+                  file=sys.stderr, flush=True)
+        return
+    holder = [number for number, _ in kept_by_rank].index(newest)
+    snapshot = comm.bcast(found[1] if comm.Get_rank() == holder else None,
+                          root=holder)
+    state._load_snapshot(snapshot)
+    state.restore()
+    state._commits = newest
+    if comm.Get_rank() == 0:
+        print(f"tfring elastic: resuming from commit {newest}, kept on host "
+              f"{kept_by_rank[holder][1]} (restart {settings.restarts}).",
+              file=sys.stderr, flush=True)
+
+
+def _forget_kept_commit():
+    """The job finished: the host's kept commit is of no more use."""
+    kept = _kept_commit.for_this_job()
+    if kept is not None and _basics.local_rank() == 0:
+        kept.remove()
 
 
 def _leave(members):

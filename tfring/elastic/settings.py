@@ -16,6 +16,9 @@ SPAWN_TIMEOUT = "TFRING_ELASTIC_SPAWN_TIMEOUT"
 # How many times tfringrun started the job again after PRRTE ended it on
 # losing a host's daemon (tfring/launcher/restart.py); 0 at first.
 RESTARTS = "TFRING_ELASTIC_RESTARTS"
+# Where each host keeps its newest commit for such a restart
+# (tfring/elastic/kept_commit.py); empty: in memory only.
+COMMIT_DIR = "TFRING_ELASTIC_COMMIT_DIR"
 # Seconds ranks started into the job get to join it: Python, mpi4py and
 # tfring start in a few seconds here, but a loaded host needs far more.
 DEFAULT_SPAWN_TIMEOUT_S = 120.0
@@ -30,6 +33,7 @@ class Settings:
     timeout_s: float = 600.0
     spawn_timeout_s: float = DEFAULT_SPAWN_TIMEOUT_S
     restarts: int = 0
+    commit_dir: str = ""
 
 
 def _int(environ, name, default):
@@ -78,4 +82,5 @@ def from_environment(environ=None):
         spawn_timeout_s=_seconds(environ, SPAWN_TIMEOUT,
                                  DEFAULT_SPAWN_TIMEOUT_S),
         restarts=_int(environ, RESTARTS, 0),
+        commit_dir=environ.get(COMMIT_DIR, "").strip(),
     )

@@ -5,12 +5,16 @@
 # from the same point. These classes follow Horovod's State/ObjectState:
 # commit() = save() + check_host_updates(); restore() goes back to the last
 # save; sync() makes every rank hold rank 0's state. The framework states
-# (TensorFlow, Keras, PyTorch) build on ObjectState.
+# (TensorFlow, Keras, PyTorch) build on ObjectState, whose commits the first
+# rank of each host also writes to that host's disk in an elastic job
+# (kept_commit.py), for a job started again after a lost host.
 
 import copy
 import queue
 
+from tfring import basics
 from tfring.elastic import discovery
+from tfring.elastic import kept_commit
 from tfring.elastic import membership
 from tfring.elastic import settings as _settings
 from tfring.elastic.errors import HostsUpdatedInterrupt
@@ -39,6 +43,9 @@ class State:
         self._host_messages = queue.Queue()
         self._last_updated_timestamp = 0
         self._reset_callbacks = []
+        # Commits so far (rank 0's count after each sync): which commit kept
+        # on a host's disk is the newest.
+        self._commits = 0
 
     def register_reset_callbacks(self, callbacks):
         """Functions called with no arguments after each reset."""
@@ -115,6 +122,27 @@ class State:
     def reset(self):
         """Called after the ranks changed, before the reset callbacks."""
 
+    def _snapshot(self):
+        """What save() saved, as plain data a file can hold; None: this
+        kind of state keeps no commit on disk."""
+        return None
+
+    def _load_snapshot(self, snapshot):
+        """Makes `snapshot` (from _snapshot()) the saved state; restore()
+        then applies it."""
+        raise NotImplementedError()
+
+    def _keep_commit(self):
+        """Counts a commit, and on the first rank of each host hands it to
+        the host's file of kept commits, where the job keeps one."""
+        self._commits += 1
+        kept = kept_commit.for_this_job()
+        if kept is None or not basics.is_initialized() or basics.local_rank():
+            return
+        snapshot = self._snapshot()
+        if snapshot is not None:
+            kept.keep(self._commits, snapshot)
+
 
 def _updates_expected():
     # Host changes come from a discovery script; without one, commit()
@@ -134,16 +162,25 @@ class ObjectState(State):
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def save(self):
+        # Last in the chain of save()s: a framework state saved its
+        # variables before calling it, so the commit kept is whole.
         self._saved_state = {name: copy.deepcopy(getattr(self, name))
                              for name in self._saved_state}
+        self._keep_commit()
 
     def restore(self):
         self._set_attrs()
 
     def sync(self):
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
+        self._saved_state, self._commits = self._bcast_object(
+            (self._saved_state, self._commits))
+        self._set_attrs()
+
+    def _snapshot(self):
+        return {"attributes": self._saved_state}
+
+    def _load_snapshot(self, snapshot):
+        self._saved_state = snapshot["attributes"]
 
     def _set_attrs(self):
         for name, value in self._saved_state.items():

@@ -22,7 +22,19 @@ def _assign(variables, values):
         variable.assign(value)
 
 
-class TensorFlowState(ObjectState):
+class _SavedValuesState(ObjectState):
+    """An ObjectState that also saves variables' values (_saved_values), in
+    the commit a host keeps on disk too."""
+
+    def _snapshot(self):
+        return dict(super()._snapshot(), variables=self._saved_values)
+
+    def _load_snapshot(self, snapshot):
+        self._saved_values = snapshot["variables"]
+        super()._load_snapshot(snapshot)
+
+
+class TensorFlowState(_SavedValuesState):
     """`variables` (default: none) plus any attributes given as keyword
     arguments (`epoch=0`), kept consistent across ranks."""
 
@@ -56,7 +68,7 @@ def _optimizer_variables(optimizer, model):
     return list(optimizer.variables)
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowKerasState(_SavedValuesState):
     """A Keras `model` and its `optimizer` (default: model.optimizer), plus
     any attributes given as keyword arguments (`epoch=0, batch=0`)."""
 

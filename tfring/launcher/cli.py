@@ -183,6 +183,8 @@ def parse_args(argv):
             args.host_entries = []
         launch_knobs.settings(args)
         launch_elastic.check(args)
+        if launch_elastic.enabled(args):
+            launch_elastic.choose_commit_directory(args, os.environ)
     except ValueError as e:
         parser.error(str(e))
     if args.check_hosts and not args.host_entries:
@@ -265,6 +267,15 @@ def main(argv=None):
     except RunnerError as e:
         print(f"tfringrun: error: {e}", file=sys.stderr)
         return 1
+    try:
+        return _launch_until_done(args, command, env, facts, library)
+    finally:
+        launch_elastic.remove_commit_directory(args)
+
+
+def _launch_until_done(args, command, env, facts, library):
+    """Runs the job, and an elastic job again on the other hosts each time
+    PRRTE ends it on losing a host's daemon; returns the exit status."""
     while True:
         if args.verbose:
             print(shlex.join(command), file=sys.stderr, flush=True)

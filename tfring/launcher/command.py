@@ -396,13 +396,14 @@ def listener_options(args, mpirun, environ, loopback_library):
             "-x", f"LD_PRELOAD={preload}", "-x", f"{LISTEN_ON_VARIABLE}={spec}"]
 
 
-def forwarded_environment(args, environ):
+def forwarded_environment(args, environ, set_elsewhere=()):
     """`-x` options: TFRING_* and PYTHONPATH from `environ`, with the values
-    set by tfringrun's TFRING_* flags taking precedence."""
+    set by tfringrun's TFRING_* flags taking precedence, leaving out the
+    names in `set_elsewhere` (passed with values of their own)."""
     chosen = launch_knobs.settings(args)
     names = {name for name in environ
-             if name.startswith(_FORWARDED_PREFIXES)
-             or name in _FORWARDED_NAMES}
+             if (name.startswith(_FORWARDED_PREFIXES)
+                 or name in _FORWARDED_NAMES) and name not in set_elsewhere}
     options = []
     for name in sorted(names | set(chosen)):
         options += ["-x", f"{name}={chosen[name]}" if name in chosen
@@ -449,7 +450,8 @@ def mpirun_command(args, mpirun, environ, euid, cpu_count,
     if args.output_filename is not None:
         command += ["--output", "file=" + os.path.join(
             args.output_filename, OUTPUT_FILE_PREFIX)]
-    command += forwarded_environment(args, environ)
-    if elastic:
-        command += launch_elastic.environment(args)
+    elastic_variables = launch_elastic.variables(args) if elastic else {}
+    command += forwarded_environment(args, environ, elastic_variables)
+    for name, value in elastic_variables.items():
+        command += ["-x", f"{name}={value}"]
     return command + list(args.command)

@@ -10,6 +10,9 @@
 # (tfring/elastic/settings.py).
 
 import os
+import secrets
+import shutil
+import tempfile
 
 from tfring.elastic import blacklist
 from tfring.elastic import settings as elastic_settings
@@ -68,11 +71,42 @@ def add_arguments(parser):
         "--slots", "--slots-per-host", dest="slots", type=int, default=None,
         help="slots of a discovered host listed without `:slots` (default 1)")
     group.add_argument(
+        "--elastic-commit-dir", default=None, metavar="DIR",
+        help="where the first rank of each host keeps the newest commit "
+             "on that host's disk, for a job started again after a lost "
+             "host; `none` keeps commits in memory only (default: a new "
+             "directory under the temporary directory, removed at the end)")
+    group.add_argument(
         "--blacklist-cooldown-range", type=float, nargs=2, default=None,
         metavar=("LO", "HI"),
         help="a host where a rank died gets no new ranks for a cooldown "
              "between LO and HI seconds, growing with each failure there "
              "(default: no new ranks there for the rest of the job)")
+
+
+def choose_commit_directory(args, environ):
+    """Sets args.commit_dir, where each host keeps its newest commit (the
+    same for every launch of the job; '' for none), and args.own_commit_dir,
+    whether tfringrun made up the name and so removes it at the end."""
+    chosen = args.elastic_commit_dir or environ.get(
+        elastic_settings.COMMIT_DIR, "").strip()
+    args.own_commit_dir = not chosen
+    if chosen == "none":
+        args.commit_dir = ""
+    elif chosen:
+        args.commit_dir = os.path.abspath(chosen)
+    else:
+        args.commit_dir = os.path.join(
+            tempfile.gettempdir(),
+            f"tfring-elastic-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def remove_commit_directory(args):
+    """Removes the directory of kept commits that tfringrun named, on this
+    host: the job ended and will not start again (the ranks of a job that
+    finished removed their hosts' files already)."""
+    if enabled(args) and getattr(args, "own_commit_dir", False):
+        shutil.rmtree(args.commit_dir, ignore_errors=True)
 
 
 def one_host_transport(args):
@@ -133,8 +167,9 @@ def check(args):
             "(no limit) or more. Fix the number.")
 
 
-def environment(args):
-    """-x options that tell every rank it runs elastic, and its limits."""
+def variables(args):
+    """{name: value} of the variables that tell every rank it runs elastic,
+    and its limits (passed with `mpirun -x`)."""
     np = args.num_proc
     values = {
         elastic_settings.ELASTIC: "1",
@@ -158,6 +193,8 @@ def environment(args):
         values[elastic_settings.SPAWN_TIMEOUT] = args.spawn_timeout
     if getattr(args, "restarts", 0):
         values[elastic_settings.RESTARTS] = args.restarts
+    if hasattr(args, "commit_dir"):
+        values[elastic_settings.COMMIT_DIR] = args.commit_dir
     if args.host_discovery_script is not None:
         values[DISCOVERY_SCRIPT] = os.path.abspath(args.host_discovery_script)
         values[DISCOVERY_SLOTS] = args.slots or 1
@@ -167,7 +204,4 @@ def environment(args):
         values[LAUNCH_HOSTS] = ",".join(
             f"{host.name}:{host.slots or 1}" for host in args.host_entries
         ) or f"localhost:{args.num_proc}"
-    options = []
-    for name, value in values.items():
-        options += ["-x", f"{name}={value}"]
-    return options
+    return values

@@ -7,10 +7,12 @@
 # loses a daemon, and Open MPI 5.0 offers no way around it
 # (docs/elastic.md, "Why tfring cannot keep a job alive past a daemon's
 # death"). Starting the job again on the other hosts is what torchrun does
-# on every failure: the program starts afresh and resumes from its own
-# checkpoint; its ranks see TFRING_ELASTIC_RESTARTS, the number of such
-# restarts so far. A restart counts as one reset against --reset-limit, and
-# it needs --min-np slots on the hosts left.
+# on every failure, but from the last commit rather than the user's last
+# checkpoint: the program starts afresh and tfring.elastic.run resumes from
+# the newest commit a host left kept on its disk
+# (tfring/elastic/kept_commit.py); its ranks see TFRING_ELASTIC_RESTARTS,
+# the number of such restarts so far. A restart counts as one reset against
+# --reset-limit, and it needs --min-np slots on the hosts left.
 
 import copy
 
@@ -70,5 +72,12 @@ def notice(lost_host, args):
     """What tfringrun prints before it starts the job again."""
     return (f"tfringrun: starting the job again without host {lost_host}, "
             f"at {args.num_proc} ranks on {args.hosts} (restart "
-            f"{args.restarts}; the program starts afresh and resumes from "
-            f"its own checkpoint; its ranks see {RESTARTS}={args.restarts}).")
+            f"{args.restarts}; the program starts afresh and "
+            f"tfring.elastic.run resumes from {_resumes_from(args)}; its "
+            f"ranks see {RESTARTS}={args.restarts}).")
+
+
+def _resumes_from(args):
+    if getattr(args, "commit_dir", ""):
+        return "the newest commit a host left kept on its disk"
+    return "the program's start (--elastic-commit-dir none)"

@@ -67,3 +67,10 @@ class TorchState(ObjectState):
                 self._bcast_object(value.state_dict(), 0))
         self._saved_dicts = self._dicts()
         super().sync()
+
+    def _snapshot(self):
+        return dict(super()._snapshot(), state_dicts=self._saved_dicts)
+
+    def _load_snapshot(self, snapshot):
+        self._saved_dicts = snapshot["state_dicts"]
+        super()._load_snapshot(snapshot)
