@@ -106,14 +106,19 @@ def _model_and_data(torch):
     return model, x, y
 
 
-def _kill_host_daemon():
-    """Kills this rank's parent if it is a host's PRRTE daemon (prted): the
-    whole host is lost. Its host-mates find it dead already."""
+def _kill_host_daemon_and_die(label):
+    """Kills this rank's parent if it is a host's PRRTE daemon (prted), the
+    whole host lost, then this rank. The daemon carries the rank's output:
+    the KILL record goes out half a second before, with the kill's time."""
     import signal
+    kill_at = time.time() + 0.5
+    print(f"KILL {kill_at:.6f} {label}", flush=True)
+    time.sleep(max(0.0, kill_at - time.time()))
     daemon = os.getppid()
     with open(f"/proc/{daemon}/comm") as f:
-        if f.read().strip() == "prted":
+        if f.read().strip() == "prted":  # a host-mate may have killed it
             os.kill(daemon, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _kill_now(label):
@@ -148,7 +153,7 @@ def tfring_worker(args):
             if (original_rank >= first_killed and state.step == args.kill_step
                     and not restarts):
                 if args.kill_daemon:
-                    _kill_host_daemon()
+                    _kill_host_daemon_and_die(original_rank)
                 _kill_now(original_rank)
             if args.grow_step >= 0 and state.step >= args.grow_step:
                 if original_rank == 0 and state.step == args.grow_step:

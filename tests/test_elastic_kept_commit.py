@@ -280,3 +280,52 @@ def test_tfringrun_removes_only_the_directory_it_named(tmp_path, chosen):
     else:
         assert directory.startswith(str(tmp_path / "tfring-elastic-"))
         assert not os.path.exists(directory)
+
+
+class _OneRankComm:
+    """A communicator of one rank, as mpi4py's object collectives see it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def Get_rank(self):
+        return 0
+
+    def allgather(self, value):
+        self.calls.append("allgather")
+        return [value]
+
+    def bcast(self, value, root):
+        self.calls.append(f"bcast from {root}")
+        return value
+
+
+def _restarted_job(monkeypatch, tmp_path, resets):
+    from tfring.elastic import runner, settings
+    monkeypatch.setenv("TFRING_ELASTIC", "1")
+    monkeypatch.setenv("TFRING_ELASTIC_RESTARTS", "1")
+    monkeypatch.setenv("TFRING_ELASTIC_COMMIT_DIR", str(tmp_path))
+    kept = kept_commit.for_this_job()
+    kept.keep(3, {"attributes": {"step": 30}})
+    assert kept.wait(timeout=60)
+    members = type("Members", (), {"comm": _OneRankComm(), "resets": resets})()
+    state = ObjectState(step=0)
+    runner._resume_from_kept_commit(state, members,
+                                    settings.from_environment())
+    return state, members.comm.calls
+
+
+def test_a_restarted_job_resumes_from_the_newest_kept_commit(
+        monkeypatch, tmp_path, capsys):
+    state, calls = _restarted_job(monkeypatch, tmp_path, resets=0)
+    assert (state.step, state._commits) == (30, 3)
+    assert calls == ["allgather", "bcast from 0"]
+    assert ("tfring elastic: resuming from commit 3, kept on host "
+            in capsys.readouterr().err)
+
+
+def test_a_rank_started_into_a_restarted_job_waits_for_the_sync(
+        monkeypatch, tmp_path):
+    # Its peers are training, not resuming: a collective here would hang.
+    state, calls = _restarted_job(monkeypatch, tmp_path, resets=1)
+    assert (state.step, calls) == (0, [])

@@ -19,6 +19,7 @@ import pytest
 
 from tfring import _core
 from tfring.launcher import command as launch_command
+from tfring.launcher import hosts as launch_hosts
 from tfring.launcher import knobs as launch_knobs
 from tfring.launcher import cli as runner
 
@@ -487,9 +488,9 @@ def test_bad_host_lists_are_usage_errors(text, message, capsys):
 def test_hostfiles_are_read_with_comments_and_slots(tmp_path):
     path = _hostfile(tmp_path, "# cluster\n\nnode1 slots=2  # gpu\n"
                                "node2 slots=4 max_slots=8\nnode3\n")
-    assert launch_command.read_hostfile(path) == [
-        launch_command.Host("node1", 2), launch_command.Host("node2", 4),
-        launch_command.Host("node3", None)]
+    assert launch_hosts.read_hostfile(path) == [
+        launch_hosts.Host("node1", 2), launch_hosts.Host("node2", 4),
+        launch_hosts.Host("node3", None)]
 
 
 @pytest.mark.parametrize("text, message", [

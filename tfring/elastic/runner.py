@@ -146,7 +146,10 @@ def _resume_from_kept_commit(state, members, settings):
     state becomes the newest commit that a host left kept on its disk (the
     ranks of the first launch died with their commits in memory)."""
     kept = _kept_commit.for_this_job()
-    if not settings.restarts or kept is None or state._snapshot() is None:
+    # A rank started into the running job (resets 1 from its start) gets
+    # the state from the others' sync instead.
+    if (not settings.restarts or members.resets or kept is None
+            or state._snapshot() is None):
         return
     found = kept.read()
     comm = members.comm

@@ -31,6 +31,7 @@ import sys
 import time
 
 from tfring.launcher import command as launch_command
+from tfring.launcher import hosts as launch_hosts
 from tfring.launcher import probes as launch_probes
 
 # How much of a failed job's output a report quotes.
@@ -522,7 +523,7 @@ def _one_per_host_command(args, facts, names, program):
     interface missing somewhere would stop mpirun before any host could
     report, while the reports show which host lacks it."""
     job = _job_args(args, num_proc=1, hosts=f"{names[0]}:1", hostfile=None,
-                    host_entries=[launch_command.Host(n, 1) for n in names],
+                    host_entries=[launch_hosts.Host(n, 1) for n in names],
                     network_interfaces=None, command=program + [names[0]])
     command = launch_command.mpirun_command(job, *facts)
     for name in names[1:]:
@@ -558,7 +559,7 @@ def check_hosts(args, mpirun, environ, euid, cpu_count, out=sys.stdout):
     """Starts one reporter per host through mpirun and compares each host's
     versions with this machine's; returns the exit status."""
     facts = (mpirun, environ, euid, cpu_count)
-    names = launch_command.distinct_names(args.host_entries)
+    names = launch_hosts.distinct_names(args.host_entries)
     command = _one_per_host_command(
         args, facts, names,
         [sys.executable, "-c", launch_probes.HOST_REPORT_CODE])

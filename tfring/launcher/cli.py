@@ -24,6 +24,7 @@ from tfring.launcher import checks as launch_checks
 from tfring.launcher import command as launch_command
 from tfring.launcher import daemon_loss
 from tfring.launcher import elastic as launch_elastic
+from tfring.launcher import hosts as launch_hosts
 from tfring.launcher import knobs as launch_knobs
 from tfring.launcher import restart as launch_restart
 from tfring.launcher import supervise as launch_supervise
@@ -176,9 +177,9 @@ def parse_args(argv):
                      "`tfringrun -np 2 python train.py`")
     try:
         if args.hosts is not None:
-            args.host_entries = launch_command.parse_host_list(args.hosts)
+            args.host_entries = launch_hosts.parse_host_list(args.hosts)
         elif args.hostfile is not None:
-            args.host_entries = launch_command.read_hostfile(args.hostfile)
+            args.host_entries = launch_hosts.read_hostfile(args.hostfile)
         else:
             args.host_entries = []
         launch_knobs.settings(args)

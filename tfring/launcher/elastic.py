@@ -16,6 +16,7 @@ import tempfile
 
 from tfring.elastic import blacklist
 from tfring.elastic import settings as elastic_settings
+from tfring.launcher import hosts as launch_hosts
 from tfring.launcher import knobs as launch_knobs
 
 # The variables tfring/elastic/discovery.py and membership.py read (named
@@ -201,7 +202,6 @@ def variables(args):
         if args.blacklist_cooldown_range is not None:
             values[blacklist.COOLDOWN] = ",".join(
                 f"{limit:g}" for limit in args.blacklist_cooldown_range)
-        values[LAUNCH_HOSTS] = ",".join(
-            f"{host.name}:{host.slots or 1}" for host in args.host_entries
-        ) or f"localhost:{args.num_proc}"
+        values[LAUNCH_HOSTS] = launch_hosts.format_host_list(
+            args.host_entries) or f"localhost:{args.num_proc}"
     return values

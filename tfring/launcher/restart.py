@@ -17,8 +17,8 @@
 import copy
 
 from tfring.elastic.settings import RESTARTS
-from tfring.launcher import command as launch_command
 from tfring.launcher import elastic as launch_elastic
+from tfring.launcher import hosts as launch_hosts
 from tfring.launcher.command import RunnerError
 
 
@@ -58,7 +58,7 @@ def without_lost_host(args, lost_host):
             f"{min_np}")
     restarted = copy.copy(args)
     restarted.host_entries = left
-    restarted.hosts = launch_command.format_host_list(left)
+    restarted.hosts = launch_hosts.format_host_list(left)
     restarted.hostfile = None
     restarted.num_proc = min(args.num_proc, slots)
     restarted.min_np = min_np
