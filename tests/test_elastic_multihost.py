@@ -68,19 +68,24 @@ def _check_results(result, steps, hosts_by_rank):
     np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-12)
 
 
-def test_a_whole_host_is_lost_and_the_other_hosts_ranks_finish(hosts, tmp_path):
+def test_a_whole_host_is_lost_then_the_job_grows_onto_another(hosts, tmp_path):
     # 4 ranks, 2 on hostA and 2 on hostB. Both ranks of hostB die together
-    # (SIGKILL) at step 7: the ranks of hostA go on from the last commit and
-    # finish at 2 ranks. (Starting a rank on another namespace host right
-    # after such a loss failed once in four runs inside PRRTE's spawn, so
-    # growth is tested on its own: docs/elastic.md.)
+    # (SIGKILL) at step 7: the ranks of hostA go on from the last commit.
+    # At step 10 the discovery script lists hostC, unused so far: a rank
+    # starts there at the next commit, receives the state, and the job
+    # finishes at 3 ranks.
     steps = 24
-    result = _run(hosts, [], ["host_lost_then_grow", str(steps), "3", "2", "7"],
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("hostA:2\nhostB:2\n")
+    result = _run(hosts, ["--host-discovery-script", DISCOVER_HOSTS,
+                          "--max-np", "4"],
+                  ["host_lost_then_grow", str(steps), "3", "2", "7"],
                   ranks=4, slots=(2, 2, 1),
-                  TFRING_TEST_HOSTS_FILE=str(tmp_path / "hosts"),
-                  TFRING_TEST_NEW_HOSTS="hostA:2\n")
+                  TFRING_TEST_HOSTS_FILE=str(hosts_file),
+                  TFRING_TEST_NEW_HOSTS="hostA:2\nhostC:1\n",
+                  TFRING_ELASTIC_DISCOVERY_INTERVAL="0.1")
     assert "saw a failure, resetting" in result.output, result.describe()
-    _check_results(result, steps, {0: "hostA", 1: "hostA"})
+    _check_results(result, steps, {0: "hostA", 1: "hostA", 2: "hostC"})
 
 
 def test_the_rank_of_a_host_no_longer_discovered_leaves_without_rollback(
