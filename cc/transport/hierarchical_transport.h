@@ -11,11 +11,12 @@
 // rank j allreduces slice j with local rank j of every other host, (3) the
 // host's ranks gather the slices. One slicing (SliceCounts) serves all three
 // steps. Slice j is reduced inside each host by one rank, across hosts by
-// one allreduce, then copied: every rank of the job ends with the same bits. Only allreduces of at least `min_bytes`
-// take this path (three steps cost more than one for small messages);
-// negotiation and every other collective use the flat transport. When the
-// job leaves the choice to tfring, the uncompressed ones among them go flat
-// or hierarchical as measured in the job (path_trial.h).
+// one allreduce, then copied: every rank of the job ends with the same
+// bits. Only allreduces of at least `min_bytes` take this path (three steps
+// cost more than one for small messages); negotiation and every other
+// collective use the flat transport. When the job leaves the choice to
+// tfring, the uncompressed ones among them go flat or hierarchical as
+// measured in the job (path_trial.h).
 //
 // With wire compression (AllreduceWire), step (2) is a CrossHostSum: only
 // the slices that cross hosts are encoded; every allreduce so asked takes
