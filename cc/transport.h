@@ -94,6 +94,20 @@ class Transport {
   virtual Status ReduceScatter(const void* input, void* output,
                                const std::vector<int64_t>& counts, DataType dtype,
                                ReduceOp op) = 0;
+  // The same reduction, but rank r's counts[r] elements stay at their place
+  // in `output` (which spans sum(counts) elements, like `input`); what the
+  // rest of `output` then holds is unspecified. `input` equals `output` or
+  // does not overlap it. The hierarchical allreduce's first step: only the
+  // slice each rank sends across hosts needs reducing. By default an
+  // Allreduce of the whole (correct, and no cheaper); shared memory reduces
+  // only the slices.
+  virtual Status ReduceScatterAtOffsets(const void* input, void* output,
+                                        const std::vector<int64_t>& counts, DataType dtype,
+                                        ReduceOp op) {
+    int64_t total = 0;
+    for (int64_t count : counts) total += count;
+    return Allreduce(input, output, total, dtype, op);
+  }
 };
 
 }  // namespace tfring

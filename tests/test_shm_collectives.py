@@ -3,12 +3,15 @@
 Compiles tests/cc/shm_collectives_test.cc with only the core files it needs
 (no MPI) and runs each scenario, ranks as processes: allreduce of every op
 and dtype at 1 to 3 ranks on odd counts up to many chunks, chunked, in place
-and staged, bitwise against a reference and across ranks; thousands of
-mixed calls; broadcast from every root; allgatherv of uneven parts; exchange
+and staged, bitwise against a reference and across ranks; reduce-scatter
+at 1 to 4 (and 10) ranks into uneven, empty and piece-boundary slices, each
+slice the allreduce's bits and nothing else written; thousands of mixed
+calls; broadcast from every root; allgatherv of uneven parts; exchange
 up to its capacity; the barrier across processes, and its one outcome for
 every rank when a late peer comes after the others gave up; a peer killed
-during an allreduce or an exchange, and a peer that stops taking part
-(Aborted, naming its job rank); argument and segment errors. The dead-peer
+during an allreduce, a reduce-scatter or an exchange, and a peer that stops
+taking part (Aborted, naming its job rank); argument and segment errors.
+The dead-peer
 scenarios run again in a build that sleeps between a rank's two arrival
 stores, so a kill lands there every time (a rank that died there was once
 waited for as if it had arrived).
@@ -51,7 +54,8 @@ def test_shm_collectives(shm_test_binary, scenario):
     run_scenario(shm_test_binary, [scenario], f"PASS {scenario}", SCENARIO_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("scenario", ["dead_peer_allreduce", "dead_peer_exchange"])
+@pytest.mark.parametrize("scenario", ["dead_peer_allreduce", "dead_peer_reduce_scatter",
+                                      "dead_peer_exchange"])
 def test_a_peer_killed_while_arriving_is_noticed(shm_test_binary_with_wide_arrival, scenario):
     run_scenario(shm_test_binary_with_wide_arrival, [scenario], f"PASS {scenario}",
                  SCENARIO_TIMEOUT_S)

@@ -315,6 +315,106 @@ Status ShmCollectives::ChunkedAllreduce(const std::vector<ReduceSpan>& spans, Da
   return Status::OK();
 }
 
+Status ShmCollectives::ReduceScatter(const void* input, void* output,
+                                     const std::vector<int64_t>& counts, DataType dtype,
+                                     ReduceOp op) {
+  if (!IsSupportedOp(op)) {
+    return Status::InvalidArgument(std::string("shared-memory reduce-scatter: unsupported op ") +
+                                   ReduceOpName(op) + " (Sum, Min, Max or Product)");
+  }
+  if (static_cast<int>(counts.size()) != size_) {
+    return Status::InvalidArgument("shared-memory reduce-scatter: " +
+                                   std::to_string(counts.size()) + " counts for " +
+                                   std::to_string(size_) + " ranks");
+  }
+  std::vector<int64_t> starts(size_);
+  int64_t total = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (counts[q] < 0) {
+      return Status::InvalidArgument("shared-memory reduce-scatter: a count of " +
+                                     std::to_string(counts[q]) + " for rank " +
+                                     std::to_string(q));
+    }
+    starts[q] = total;
+    total += counts[q];
+  }
+  if (total == 0) return Status::OK();
+  if (input == nullptr || output == nullptr) {
+    return Status::InvalidArgument("shared-memory reduce-scatter: a null buffer for " +
+                                   std::to_string(total) + " elements");
+  }
+  const int64_t element_bytes = DataTypeSize(dtype);
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  const int64_t mine = starts[rank_] * element_bytes;
+  if (size_ == 1) {
+    if (in != out) std::memcpy(out, in, counts[0] * element_bytes);
+    return Status::OK();
+  }
+  // One piece per other rank in a chunk area, whole cache lines where they
+  // hold one.
+  const int64_t line_elements = std::max<int64_t>(1, kCacheLine / element_bytes);
+  int64_t piece = ChunkBytes() / element_bytes / (size_ - 1);
+  if (piece >= line_elements) piece = piece / line_elements * line_elements;
+  if (piece > 0) return PiecewiseReduceScatter(in, out, counts, starts, piece, dtype, op);
+  // Slots too small for an element per rank (a few hundred bytes among many
+  // ranks; ShmTransport's are never that small): the whole allreduce into
+  // scratch, then this rank's slice. Every rank decides alike.
+  std::vector<char> whole(total * element_bytes);
+  TFRING_RETURN_IF_ERROR(Allreduce(input, whole.data(), total, dtype, op));
+  std::memcpy(out + mine, whole.data() + mine, counts[rank_] * element_bytes);
+  return Status::OK();
+}
+
+Status ShmCollectives::PiecewiseReduceScatter(const char* input, char* output,
+                                              const std::vector<int64_t>& counts,
+                                              const std::vector<int64_t>& starts, int64_t piece,
+                                              DataType dtype, ReduceOp op) {
+  const int64_t element_bytes = DataTypeSize(dtype);
+  const int64_t piece_bytes = piece * element_bytes;
+  const int64_t chunk_bytes = ChunkBytes();
+  const int64_t longest = *std::max_element(counts.begin(), counts.end());
+  const int64_t rounds = (longest + piece - 1) / piece;
+  // This rank's output is read by no other: streamed when too big for the
+  // cache anyway (as Allreduce does).
+  const bool stream = counts[rank_] * element_bytes >= kStreamFromBytes && input != output;
+  // Where rank `from` puts round `round`'s piece of rank `to`'s slice: its
+  // slot's chunk area round % 2, the pieces of the other ranks in rank order.
+  auto piece_area = [&](int from, int to, int64_t round) {
+    const int index = to < from ? to : to - 1;
+    return Slot(from) + (round % 2) * chunk_bytes + index * piece_bytes;
+  };
+  // Round `round`'s piece of rank q's slice: its first element in the whole
+  // and its length (0 once the slice is done).
+  auto piece_of = [&](int q, int64_t round) {
+    const int64_t from = round * piece;
+    return std::make_pair(starts[q] + from,
+                          std::max<int64_t>(0, std::min(piece, counts[q] - from)));
+  };
+  std::vector<const char*> sources(size_);
+  std::vector<char*> result(1);
+  for (int64_t round = 0; round < rounds; ++round) {
+    for (int q = 0; q < size_; ++q) {
+      const auto [first, n] = piece_of(q, round);
+      if (q == rank_ || n == 0) continue;
+      std::memcpy(piece_area(rank_, q, round), input + first * element_bytes, n * element_bytes);
+    }
+    // Round r's areas are written again in round r + 2, after the next
+    // barrier, which every rank reaches only once done reading them.
+    TFRING_RETURN_IF_ERROR(DataBarrier("reduce-scatter"));
+    const auto [first, n] = piece_of(rank_, round);
+    if (n == 0) continue;
+    for (int q = 0; q < size_; ++q) {
+      sources[q] = q == rank_ ? input + first * element_bytes : piece_area(q, rank_, round);
+    }
+    result[0] = output + first * element_bytes;
+    ReduceSlice(sources, result, n, dtype, op, 1.0, 1, stream ? 1 : 0);
+  }
+  if (stream) StreamFence();
+  // The next operation writes the slots only once every rank has read them.
+  return DataBarrier("reduce-scatter");
+}
+
 Status ShmCollectives::Broadcast(void* buffer, int64_t bytes, int root) {
   if (root < 0 || root >= size_) {
     return Status::InvalidArgument("shared-memory broadcast: root " + std::to_string(root) +

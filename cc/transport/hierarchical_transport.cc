@@ -1,5 +1,6 @@
 #include "cc/transport/hierarchical_transport.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -62,19 +63,9 @@ Status HierarchicalTransport::AgreeOnPath() {
 
 Status HierarchicalTransport::HierarchicalAllreduce(const void* input, void* output,
                                                     int64_t count, DataType dtype, ReduceOp op) {
-  const int64_t element_bytes = DataTypeSize(dtype);
-  const int local_size = local_->size();
-  TFRING_RETURN_IF_ERROR(local_->Allreduce(input, output, count, dtype, op));
-  // Slice j: elements [count * j / n, count * (j + 1) / n).
-  std::vector<int64_t> slice_bytes(local_size);
-  for (int j = 0; j < local_size; ++j) {
-    slice_bytes[j] = (count * (j + 1) / local_size - count * j / local_size) * element_bytes;
-  }
-  const int me = local_->rank();
-  char* mine = static_cast<char*>(output) + count * me / local_size * element_bytes;
-  TFRING_RETURN_IF_ERROR(
-      cross_->Allreduce(mine, mine, slice_bytes[me] / element_bytes, dtype, op));
-  return local_->Allgatherv(nullptr, slice_bytes[me], output, slice_bytes);
+  return ThreeSteps(input, output, count, dtype, op, [&](void* slice, int64_t elements) {
+    return cross_->Allreduce(slice, slice, elements, dtype, op);
+  });
 }
 
 Status HierarchicalTransport::AllreduceWire(const void* input, void* output, int64_t count,
@@ -84,20 +75,41 @@ Status HierarchicalTransport::AllreduceWire(const void* input, void* output, int
       op != ReduceOp::kSum) {
     return Allreduce(input, output, count, dtype, op);
   }
-  // (1) in float32 inside the host; every rank of the host holds the sum.
-  TFRING_RETURN_IF_ERROR(local_->Allreduce(input, output, count, dtype, op));
-  // (2) slice j across the hosts, encoded on the wire, summed in float32.
-  const int local_size = local_->size();
+  // Summed in float32 inside the host; encoded on the wire between hosts.
+  return ThreeSteps(input, output, count, dtype, op, [&](void* slice, int64_t elements) {
+    return cross_sum_.Run(cross_.get(), static_cast<float*>(slice), elements, compression);
+  });
+}
+
+std::vector<int64_t> HierarchicalTransport::SliceCounts(int64_t count, int64_t element_bytes,
+                                                        int local_size) {
+  // Whole 64-byte lines per slice, so the slices' copies and transfers
+  // start aligned wherever the buffer is.
+  const int64_t line = std::max<int64_t>(1, 64 / element_bytes);
+  const int64_t lines = (count + line - 1) / line;
+  auto start = [&](int j) { return std::min(count, lines * j / local_size * line); };
+  std::vector<int64_t> counts(local_size);
+  for (int j = 0; j < local_size; ++j) counts[j] = start(j + 1) - start(j);
+  return counts;
+}
+
+Status HierarchicalTransport::ThreeSteps(
+    const void* input, void* output, int64_t count, DataType dtype, ReduceOp op,
+    const std::function<Status(void* slice, int64_t elements)>& cross_step) {
+  const int64_t element_bytes = DataTypeSize(dtype);
+  const std::vector<int64_t> counts = SliceCounts(count, element_bytes, local_->size());
+  // (1) Local rank j reduces slice j inside the host; the rest of `output`
+  // is left to (3).
+  TFRING_RETURN_IF_ERROR(local_->ReduceScatterAtOffsets(input, output, counts, dtype, op));
+  // (2) Slice j across the hosts, among the local ranks j.
   const int me = local_->rank();
-  std::vector<int64_t> slice_bytes(local_size);
-  for (int j = 0; j < local_size; ++j) {
-    slice_bytes[j] = (count * (j + 1) / local_size - count * j / local_size) * sizeof(float);
-  }
-  float* mine = static_cast<float*>(output) + count * me / local_size;
-  TFRING_RETURN_IF_ERROR(cross_sum_.Run(cross_.get(), mine,
-                                        slice_bytes[me] / static_cast<int64_t>(sizeof(float)),
-                                        compression));
-  // (3) the host's ranks gather the slices.
+  int64_t first = 0;
+  for (int j = 0; j < me; ++j) first += counts[j];
+  TFRING_RETURN_IF_ERROR(
+      cross_step(static_cast<char*>(output) + first * element_bytes, counts[me]));
+  // (3) The host's ranks gather the slices.
+  std::vector<int64_t> slice_bytes(counts.size());
+  for (size_t j = 0; j < counts.size(); ++j) slice_bytes[j] = counts[j] * element_bytes;
   return local_->Allgatherv(nullptr, slice_bytes[me], output, slice_bytes);
 }
 

@@ -6,15 +6,17 @@
 // then letting each local rank take one slice across the hosts, sends every
 // byte across once per host and keeps all the host's links busy at once.
 //
-// How: (1) allreduce inside the host, (2) local rank j allreduces slice j
-// of the result with local rank j of every other host, (3) the host's ranks
-// gather the slices. Every rank of a host holds the same bits after (1);
-// slice j is reduced by one cross-host allreduce, then copied: every rank of
-// the job ends with the same bits. Only allreduces of at least `min_bytes`
-// take this path (three steps cost more than one for small messages);
-// negotiation and every other collective use the flat transport. When the
-// job leaves the choice to tfring, the uncompressed ones among them go flat
-// or hierarchical as measured in the job (path_trial.h).
+// How: (1) local rank j reduces slice j inside the host (a reduce-scatter:
+// shared memory reduces nothing else, ReduceScatterAtOffsets), (2) local
+// rank j allreduces slice j with local rank j of every other host, (3) the
+// host's ranks gather the slices. One slicing (SliceCounts) serves all three
+// steps. Slice j is reduced inside each host by one rank, across hosts by
+// one allreduce, then copied: every rank of the job ends with the same
+// bits. Only allreduces of at least `min_bytes` take this path (three steps
+// cost more than one for small messages); negotiation and every other
+// collective use the flat transport. When the job leaves the choice to
+// tfring, the uncompressed ones among them go flat or hierarchical as
+// measured in the job (path_trial.h).
 //
 // With wire compression (AllreduceWire), step (2) is a CrossHostSum: only
 // the slices that cross hosts are encoded; every allreduce so asked takes
@@ -25,6 +27,7 @@
 #ifndef TFRING_CC_TRANSPORT_HIERARCHICAL_TRANSPORT_H_
 #define TFRING_CC_TRANSPORT_HIERARCHICAL_TRANSPORT_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -86,6 +89,13 @@ class HierarchicalTransport : public Transport {
   // The three steps of an uncompressed allreduce.
   Status HierarchicalAllreduce(const void* input, void* output, int64_t count, DataType dtype,
                                ReduceOp op);
+  // The elements of each local rank's slice: whole cache lines, in rank
+  // order, the same on every host.
+  static std::vector<int64_t> SliceCounts(int64_t count, int64_t element_bytes, int local_size);
+  // Steps (1) and (3) around `cross_step`, which reduces this rank's slice
+  // (`elements` at `slice`, in `output`) across hosts in place.
+  Status ThreeSteps(const void* input, void* output, int64_t count, DataType dtype, ReduceOp op,
+                    const std::function<Status(void* slice, int64_t elements)>& cross_step);
   // The ranks add their PathTrial measurements and take the faster path.
   Status AgreeOnPath();
 

@@ -142,6 +142,29 @@ Status LoopbackTransport::ReduceScatter(const void* input, void* output,
   return Status::OK();
 }
 
+Status LoopbackTransport::ReduceScatterAtOffsets(const void* input, void* output,
+                                                 const std::vector<int64_t>& counts,
+                                                 DataType dtype, ReduceOp op) {
+  if (static_cast<int>(counts.size()) != size()) {
+    return Status::InvalidArgument("loopback: reduce-scatter counts for another world size");
+  }
+  const int64_t element_bytes = DataTypeSize(dtype);
+  int64_t total = 0, my_offset = 0;
+  for (int r = 0; r < size(); ++r) {
+    if (r < rank_) my_offset += counts[r];
+    total += counts[r];
+  }
+  std::vector<uint8_t> reduced(total * element_bytes);
+  TFRING_RETURN_IF_ERROR(Allreduce(input, reduced.data(), total, dtype, op));
+  if (total == 0) return Status::OK();
+  char* out = static_cast<char*>(output);
+  const int64_t begin = my_offset * element_bytes, end = begin + counts[rank_] * element_bytes;
+  std::memset(out, 0xA5, begin);
+  std::memcpy(out + begin, reduced.data() + begin, end - begin);
+  std::memset(out + end, 0xA5, total * element_bytes - end);
+  return Status::OK();
+}
+
 Status LoopbackTransport::Broadcast(void* buffer, int64_t bytes, int root_rank) {
   std::string mine = rank_ == root_rank ? std::string(static_cast<const char*>(buffer), bytes)
                                         : std::string();

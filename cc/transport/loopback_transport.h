@@ -56,6 +56,12 @@ class LoopbackTransport : public Transport {
                    const std::vector<int64_t>& recv_bytes) override;
   Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op) override;
+  // Writes this rank's slice and fills the rest of `output` with 0xA5
+  // bytes (the contract leaves it unspecified), so a caller that reads
+  // another rank's slice there fails its test.
+  Status ReduceScatterAtOffsets(const void* input, void* output,
+                                const std::vector<int64_t>& counts, DataType dtype,
+                                ReduceOp op) override;
 
  private:
   std::shared_ptr<LoopbackWorld> world_;

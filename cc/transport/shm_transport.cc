@@ -225,6 +225,12 @@ Status ShmTransport::ReduceScatter(const void* input, void* output,
   return inner_->ReduceScatter(input, output, counts, dtype, op);
 }
 
+Status ShmTransport::ReduceScatterAtOffsets(const void* input, void* output,
+                                            const std::vector<int64_t>& counts, DataType dtype,
+                                            ReduceOp op) {
+  return shm_->ReduceScatter(input, output, counts, dtype, op);
+}
+
 bool ShmTransport::WatchRoundCalls(std::function<void()> on_call) {
   StopWatchingRoundCalls();
   stop_watching_ = false;

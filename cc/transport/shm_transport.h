@@ -2,12 +2,13 @@
 //
 // Why a wrapper: on one host MPI adds copies and tens of microseconds per
 // call that shared memory does not need (shm_collectives.h). This transport
-// runs the negotiation messages, allreduce, allgather and broadcast through
-// one shared segment and hands everything else (alltoall, reducescatter,
-// messages too big for the exchange areas) to the MPI transport it wraps,
-// which also stays the way between hosts. Every choice between the two
-// depends only on values all ranks share, so the ranks always make matching
-// calls.
+// runs the negotiation messages, allreduce, allgather, broadcast and the
+// hierarchical allreduce's reduce-scatter (ReduceScatterAtOffsets) through
+// one shared segment and hands everything else (alltoall, the reducescatter
+// collective, messages too big for the exchange areas) to the MPI transport
+// it wraps, which also stays the way between hosts. Every choice between the
+// two depends only on values all ranks share, so the ranks always make
+// matching calls.
 //
 // Set-up (Connect, collective over the wrapped transport's ranks): the ranks
 // compare their host identity (host name and /dev/shm's device); rank 0
@@ -69,6 +70,9 @@ class ShmTransport : public Transport {
                    const std::vector<int64_t>& recv_bytes) override;
   Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op) override;
+  Status ReduceScatterAtOffsets(const void* input, void* output,
+                                const std::vector<int64_t>& counts, DataType dtype,
+                                ReduceOp op) override;
   bool WatchRoundCalls(std::function<void()> on_call) override;
   void StopWatchingRoundCalls() override;
   ~ShmTransport() override { StopWatchingRoundCalls(); }

@@ -18,8 +18,9 @@
 //        shm_collectives_test bench <ranks> <MiB> [slot KiB]
 // Prints "PASS <scenario>" or "FAIL <scenario>: why" per scenario and exits
 // non-zero if any failed; `bench` prints median and best times of a float32
-// Sum (chunked, chunked in place, as spans) next to a memcpy of the same bytes
-// (no assertions). Driven from tests/test_shm_collectives.py.
+// Sum (chunked, chunked in place, as spans; a reduce-scatter into even
+// slices) next to a memcpy of the same bytes (no assertions). Driven from
+// tests/test_shm_collectives.py.
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -66,7 +67,9 @@ constexpr int64_t kLargeCount = 200003;
 // The data timeout of the scenarios that expect no failure: a failing rank
 // exits, which its peers notice long before.
 constexpr std::chrono::nanoseconds kDataTimeout = std::chrono::seconds(20);
-constexpr int kMaxRanks = 4;
+// 10: the reduce-scatter's fallback for slots too small to hold a piece per
+// rank needs more than 9 ranks.
+constexpr int kMaxRanks = 10;
 constexpr size_t kMessageBytes = 4096;
 // Job rank numbers unlike the local ones, to check which the messages use.
 const std::vector<int> kJobRanks = {4, 7, 9, 12};
@@ -737,6 +740,144 @@ void AllreduceTinySlot() {
   }
 }
 
+// --- Reduce-scatter ---
+
+struct ReduceScatterCase {
+  DataType dtype;
+  ReduceOp op;
+  std::vector<int64_t> counts;  // one per rank
+};
+
+std::string Describe(const ReduceScatterCase& c, bool in_place) {
+  std::string text = std::string("reduce-scatter ") + (in_place ? "in place " : "") +
+                     ReduceOpName(c.op) + " " + DataTypeName(c.dtype) + " counts";
+  for (int64_t count : c.counts) text += " " + std::to_string(count);
+  return text;
+}
+
+// The elements of one piece of a rank's slice per round (shm_collectives.h:
+// a chunk area split among the other ranks, whole cache lines where it
+// holds one), so that the cases can fall on and around its boundaries.
+int64_t PieceElements(int size, size_t slot_bytes, DataType dtype) {
+  const int64_t element = DataTypeSize(dtype);
+  const int64_t chunk = static_cast<int64_t>(std::min<size_t>(slot_bytes / 2, 512 * 1024));
+  const int64_t line = std::max<int64_t>(1, 64 / element);
+  const int64_t piece = chunk / element / std::max(1, size - 1);
+  return piece >= line ? piece / line * line : piece;
+}
+
+// Each case out of place and in place on `size` ranks. Every rank checks its
+// own slice against the reference and against the same bits of an Allreduce
+// of the same inputs, and that nothing else was written: out of place, the
+// rest of the output keeps its fill bytes (and the input is untouched); in
+// place, the rest keeps the input. Outputs sit between guard bytes, element-
+// but not cache-line aligned.
+void CheckReduceScatters(int size, size_t slot_bytes, const std::vector<ReduceScatterCase>& cases) {
+  RankOptions options;
+  options.size = size;
+  options.slot_bytes = slot_bytes;
+  RunRanks(options, [&](int rank, ShmCollectives& shm, Shared&) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const ReduceScatterCase& c = cases[i];
+      EXPECT_TRUE(static_cast<int>(c.counts.size()) == size, "case " << i << ": counts");
+      const int64_t element = DataTypeSize(c.dtype);
+      int64_t total = 0, first = 0;
+      for (int q = 0; q < size; ++q) {
+        if (q == rank) first = total;
+        total += c.counts[q];
+      }
+      const size_t bytes = total * element;
+      const size_t begin = first * element, end = begin + c.counts[rank] * element;
+      std::vector<Bytes> inputs;
+      for (int q = 0; q < size; ++q) {
+        inputs.push_back(RandomInput(c.dtype, c.op, total, 7919 * i + 31 * total + q));
+      }
+      const Bytes expected = Reference(c.dtype, c.op, inputs, total);
+      Bytes allreduced(bytes + 1);
+      Status status = shm.Allreduce(inputs[rank].data(), allreduced.data(), total, c.dtype, c.op);
+      EXPECT_TRUE(status.ok(), "the allreduce beside case " << i << ": " << status.message());
+      for (bool in_place : {false, true}) {
+        const std::string what = Describe(c, in_place) + " on " + std::to_string(size) +
+                                 " ranks, rank " + std::to_string(rank);
+        const Bytes& input = inputs[rank];
+        Bytes buffer(bytes + 2 * kGuard + 2 * element, kFill);
+        unsigned char* out = buffer.data() + kGuard + element;
+        if (in_place) std::copy(input.begin(), input.end(), out);
+        status = shm.ReduceScatter(in_place ? out : input.data(), out, c.counts, c.dtype, c.op);
+        EXPECT_TRUE(status.ok(), what << ": " << status.message());
+        ExpectSameBytes(expected.data() + begin, out + begin, end - begin, what + ": the slice");
+        ExpectSameBytes(allreduced.data() + begin, out + begin, end - begin,
+                        what + ": the slice against the allreduce");
+        if (in_place) {
+          ExpectSameBytes(input.data(), out, begin, what + ": before the slice");
+          ExpectSameBytes(input.data() + end, out + end, bytes - end, what + ": after the slice");
+        } else {
+          EXPECT_TRUE(AllBytesAre(out, begin, kFill) && AllBytesAre(out + end, bytes - end, kFill),
+                      what << ": wrote outside its slice");
+          const Bytes again = RandomInput(c.dtype, c.op, total, 7919 * i + 31 * total + rank);
+          ExpectSameBytes(again.data(), input.data(), bytes, what + ": the input");
+        }
+        EXPECT_TRUE(AllBytesAre(buffer.data(), kGuard + element, kFill) &&
+                        AllBytesAre(out + bytes, kGuard + element, kFill),
+                    what << ": wrote outside the output");
+      }
+    }
+  });
+}
+
+// At 1 to 4 ranks: even and uneven slices, empty ones, fewer elements than
+// ranks, slices ending just before, on and after a piece boundary, one rank
+// with everything, many rounds; sums that round (float32, float16), and
+// every other op.
+void ReduceScatterLayouts() {
+  const struct {
+    DataType dtype;
+    ReduceOp op;
+  } kinds[] = {{DataType::kFloat32, ReduceOp::kSum},  {DataType::kFloat16, ReduceOp::kSum},
+               {DataType::kBFloat16, ReduceOp::kMax}, {DataType::kInt8, ReduceOp::kProduct},
+               {DataType::kInt64, ReduceOp::kMin},    {DataType::kFloat64, ReduceOp::kSum}};
+  for (int size = 1; size <= 4; ++size) {
+    std::vector<ReduceScatterCase> cases;
+    for (const auto& kind : kinds) {
+      const int64_t piece = PieceElements(size, kTestSlotBytes, kind.dtype);
+      std::vector<std::vector<int64_t>> layouts;
+      auto layout = [&](auto count_of) {
+        layouts.emplace_back();
+        for (int q = 0; q < size; ++q) layouts.back().push_back(count_of(q));
+      };
+      layout([&](int q) { return kLargeCount * (q + 1) / size - kLargeCount * q / size; });
+      layout([&](int) { return int64_t{0}; });
+      layout([&](int q) { return q == size - 1 ? int64_t{1} : int64_t{0}; });
+      layout([&](int q) { return int64_t{q % 2}; });  // fewer elements than ranks
+      layout([&](int q) { return piece - 1 + q % 3; });
+      layout([&](int q) { return q == 0 ? piece : piece + 1; });
+      layout([&](int q) { return q == size / 2 ? 3 * piece + 5 : int64_t{0}; });
+      layout([&](int q) { return 1001 * q + 17; });
+      layout([&](int q) { return int64_t{q == 0 ? 1 : 7 * piece + 3 * q}; });
+      for (auto& counts : layouts) cases.push_back({kind.dtype, kind.op, counts});
+    }
+    CheckReduceScatters(size, kTestSlotBytes, cases);
+  }
+}
+
+// The smallest slot (pieces of a few elements, several rounds for a few
+// dozen) at 2 to 4 ranks, and at 10 ranks, where a float64 chunk area holds
+// no piece per rank and the reduce-scatter runs as an allreduce instead.
+void ReduceScatterTinySlot() {
+  for (int size : {2, 3, 4, 10}) {
+    std::vector<ReduceScatterCase> cases;
+    for (int64_t total : {0, 1, 5, 9, 16, 17, 40, 333}) {
+      std::vector<int64_t> counts;
+      for (int q = 0; q < size; ++q) counts.push_back(total * (q + 1) / size - total * q / size);
+      cases.push_back({DataType::kFloat64, ReduceOp::kSum, counts});
+      cases.push_back({DataType::kUInt8, ReduceOp::kMax, counts});
+      std::reverse(counts.begin(), counts.end());
+      cases.push_back({DataType::kFloat16, ReduceOp::kSum, counts});
+    }
+    CheckReduceScatters(size, 128, cases);
+  }
+}
+
 // --- Mixed calls ---
 
 // FNV-1a over `bytes`, folded into `digest`.
@@ -749,10 +890,10 @@ uint64_t Digest(uint64_t digest, const void* data, size_t bytes) {
 
 // Thousands of calls in an order drawn from a seed every rank shares:
 // allreduces (chunked, in place, staged; every dtype and op), broadcasts,
-// allgathers and exchanges (some too big), with a rank now and then late so
-// the others sleep. Slots of 1 KiB make most calls several chunks. Every
-// rank checks every result; at the end the ranks compare their step counts
-// and a digest of everything they received.
+// allgathers, reduce-scatters and exchanges (some too big), with a rank now
+// and then late so the others sleep. Slots of 1 KiB make most calls several
+// chunks. Every rank checks every result; at the end the ranks compare
+// their step counts and a digest of everything they all received.
 void ManyMixedCalls() {
   for (int size = 2; size <= 3; ++size) {
     const int calls = size == 3 ? 2000 : 1000;
@@ -767,7 +908,7 @@ void ManyMixedCalls() {
       Views views;
       bool fits = false;
       for (int call = 0; call < calls; ++call) {
-        const int kind = static_cast<int>(random() % 6);
+        const int kind = static_cast<int>(random() % 7);
         const uint64_t seed = random();
         const int late = static_cast<int>(random() % (size * 30));
         if (late == rank) usleep(500 + seed % 1500);
@@ -833,6 +974,31 @@ void ManyMixedCalls() {
                           what + std::string(" allgatherv") + (in_place ? " in place" : ""));
           EXPECT_TRUE(output.back() == kFill, what << ": wrote past the output");
           digest = Digest(digest, output.data(), expected.size());
+        } else if (kind == 6) {  // reduce-scatter, in place or not
+          const DataType dtype = kDtypes[random() % 8];
+          const ReduceOp op = kOps[random() % 4];
+          const int64_t element = DataTypeSize(dtype);
+          std::vector<int64_t> counts;
+          int64_t total = 0, first = 0;
+          for (int q = 0; q < size; ++q) {
+            counts.push_back(static_cast<int64_t>(random() % (2 * half / element + 4)));
+            if (q == rank) first = total;
+            total += counts[q];
+          }
+          std::vector<Bytes> inputs;
+          for (int q = 0; q < size; ++q) inputs.push_back(RandomInput(dtype, op, total, seed + q));
+          const Bytes expected = Reference(dtype, op, inputs, total);
+          const bool in_place = random() % 2 == 0;
+          Bytes output(expected.size() + 1, kFill);
+          if (in_place) std::copy(inputs[rank].begin(), inputs[rank].end(), output.begin());
+          status = shm.ReduceScatter(in_place ? output.data() : inputs[rank].data(),
+                                     output.data(), counts, dtype, op);
+          const size_t begin = first * element, bytes = counts[rank] * element;
+          EXPECT_TRUE(status.ok(), what << " reduce-scatter: " << status.message());
+          ExpectSameBytes(expected.data() + begin, output.data() + begin, bytes,
+                          what + " reduce-scatter of " + DataTypeName(dtype));
+          EXPECT_TRUE(output.back() == kFill, what << ": wrote past the output");
+          // Each rank holds a different slice: nothing for the shared digest.
         } else {  // exchange; now and then one rank's message is too big
           const int too_big = random() % 20 == 0 ? static_cast<int>(random() % size) : -1;
           std::vector<Bytes> messages;
@@ -1159,6 +1325,7 @@ void ExpectBrokenBy(ShmCollectives& shm, const Status& status, const std::string
                          ReduceOp::kMax),
       shm.Broadcast(data, 100, 0),
       shm.Allgatherv(nullptr, data, sizes),
+      shm.ReduceScatter(data, data, sizes, DataType::kFloat32, ReduceOp::kSum),
       shm.Exchange(data, 8, &views, &fits),
   };
   const double waited = SecondsSince(start);
@@ -1170,17 +1337,20 @@ void ExpectBrokenBy(ShmCollectives& shm, const Status& status, const std::string
 }
 
 // A rank SIGKILLed while the others are in an operation (`exchange`: an
-// Exchange, which has no timeout; otherwise a multi-chunk Allreduce): the
+// Exchange, which has no timeout; otherwise a multi-chunk Allreduce or
+// ReduceScatter): the
 // others fail within seconds with Aborted naming its job rank as exited,
 // and at once afterwards. At 2 and 3 ranks, the last rank or rank 0 dying,
 // two ways: the victim kills itself instead of making the call (the others
 // are in it already), or the parent kills it while every rank loops on calls
 // (so it usually dies inside one).
-enum class DeadPeerCall { kExchange, kAllreduce };
+enum class DeadPeerCall { kExchange, kAllreduce, kReduceScatter };
 
 void DeadPeer(DeadPeerCall kind) {
   const bool exchange = kind == DeadPeerCall::kExchange;
-  const std::string what = exchange ? "negotiation step" : "allreduce";
+  const std::string what = exchange                               ? "negotiation step"
+                           : kind == DeadPeerCall::kAllreduce ? "allreduce"
+                                                                  : "reduce-scatter";
   for (int size = 2; size <= 3; ++size) {
     for (int victim : {size - 1, 0}) {
       for (bool by_parent : {false, true}) {
@@ -1199,10 +1369,21 @@ void DeadPeer(DeadPeerCall kind) {
           float* data = private_data.data();
           Views views;
           bool fits = false;
+          std::vector<int64_t> counts;
+          for (int q = 0; q < size; ++q) {
+            const int64_t n = static_cast<int64_t>(private_data.size());
+            counts.push_back(n * (q + 1) / size - n * q / size);
+          }
           auto call = [&] {
-            return exchange ? shm.Exchange(data, 64, &views, &fits)
-                            : shm.Allreduce(data, data, private_data.size(),
-                                            DataType::kFloat32, ReduceOp::kMax);
+            switch (kind) {
+              case DeadPeerCall::kExchange: return shm.Exchange(data, 64, &views, &fits);
+              case DeadPeerCall::kAllreduce:
+                return shm.Allreduce(data, data, private_data.size(), DataType::kFloat32,
+                                     ReduceOp::kMax);
+              case DeadPeerCall::kReduceScatter:
+                return shm.ReduceScatter(data, data, counts, DataType::kFloat32, ReduceOp::kMax);
+            }
+            return Status::Internal("no such call");
           };
           for (int i = 0; i < 3; ++i) {
             const Status status = call();
@@ -1516,8 +1697,10 @@ Timing Summarize(std::vector<double> seconds) {
   return {seconds[seconds.size() / 2] * 1e3, seconds[0] * 1e3};
 }
 
-// Per call, the slowest rank's time of `mode` (float32 Sum of `count`).
-Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations) {
+// Per call, the slowest rank's time of `mode` (float32 Sum of `count`), or
+// with `reduce_scatter` of a ReduceScatter into even slices instead.
+Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iterations,
+                 bool reduce_scatter = false) {
   SharedMemory times(sizeof(double) * size * iterations);
   double* seconds = reinterpret_cast<double*>(times.data());
   RankOptions options;
@@ -1533,11 +1716,15 @@ Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iter
     // As a round of gradients: the same bytes in tensors of uneven sizes.
     const std::vector<ReduceSpan> spans =
         SplitIntoSpans(from, to, count, DataType::kFloat32, kBenchTensors);
+    // Even slices, for the reduce-scatter.
+    std::vector<int64_t> counts;
+    for (int q = 0; q < size; ++q) counts.push_back(count * (q + 1) / size - count * q / size);
     for (int i = -2; i < iterations; ++i) {  // two to warm up
       const Clock::time_point start = Clock::now();
       const Status status =
-          mode == Mode::kSpans
-              ? shm.AllreduceSpans(spans, DataType::kFloat32, ReduceOp::kSum)
+          mode == Mode::kSpans ? shm.AllreduceSpans(spans, DataType::kFloat32, ReduceOp::kSum)
+          : reduce_scatter
+              ? shm.ReduceScatter(from, to, counts, DataType::kFloat32, ReduceOp::kSum)
               : shm.Allreduce(from, to, count, DataType::kFloat32, ReduceOp::kSum);
       if (i >= 0) seconds[rank * iterations + i] = SecondsSince(start);
       EXPECT_TRUE(status.ok(), status.message());
@@ -1551,8 +1738,9 @@ Timing BenchMode(int size, int64_t count, size_t slot_bytes, Mode mode, int iter
 }
 
 // bench <ranks> <MiB> [slot KiB]: float32 Sum, chunked (out of place, in
-// place, and as kBenchTensors tensors in one AllreduceSpans), against memcpy
-// of the same bytes. Prints times, asserts nothing.
+// place, and as kBenchTensors tensors in one AllreduceSpans) and as a
+// reduce-scatter, against memcpy of the same bytes. Prints times, asserts
+// nothing.
 int Bench(int size, double mib, size_t slot_kib) {
   const int64_t count = std::max<int64_t>(1, static_cast<int64_t>(mib * 1024 * 1024 / 4));
   const double bytes = count * 4.0;
@@ -1569,6 +1757,7 @@ int Bench(int size, double mib, size_t slot_kib) {
   line("chunked in place:", BenchMode(size, count, slot_bytes, Mode::kInPlace, iterations));
   const std::string spans = "spans (" + std::to_string(kBenchTensors) + " tensors):";
   line(spans.c_str(), BenchMode(size, count, slot_bytes, Mode::kSpans, iterations));
+  line("reduce-scatter:", BenchMode(size, count, slot_bytes, Mode::kChunked, iterations, true));
   std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
   std::vector<double> seconds;
   for (int i = -2; i < iterations; ++i) {
@@ -1597,12 +1786,15 @@ const std::vector<std::pair<std::string, std::function<void()>>>& Scenarios() {
       {"many_mixed_calls", ManyMixedCalls},
       {"broadcast_every_root", BroadcastEveryRoot},
       {"allgatherv_layouts", AllgathervLayouts},
+      {"reduce_scatter_layouts", ReduceScatterLayouts},
+      {"reduce_scatter_tiny_slot", ReduceScatterTinySlot},
       {"exchange_messages", ExchangeMessages},
       {"barrier_across_processes", BarrierAcrossProcesses},
       {"late_peer_fails_too", LatePeerFailsToo},
       {"give_up_race", GiveUpRace},
       {"dead_peer_allreduce", [] { DeadPeer(DeadPeerCall::kAllreduce); }},
       {"dead_peer_exchange", [] { DeadPeer(DeadPeerCall::kExchange); }},
+      {"dead_peer_reduce_scatter", [] { DeadPeer(DeadPeerCall::kReduceScatter); }},
       {"peer_timeout", PeerTimeout},
       {"attach_errors", AttachErrors},
       {"exchange_bad_length", ExchangeBadLength},
