@@ -280,12 +280,13 @@ def _worker_args(args, kill_step):
             "--kill-step", str(kill_step), "--commit-every", str(args.commit_every)]
 
 
-def _tfringrun(args, elastic, kill_step):
+def _tfringrun(args, elastic, kill_step, options=(), **extra_env):
     command = [sys.executable, "-m", "tfring.launcher.cli", "-np", str(args.ranks)]
     if elastic:
         command += ["--min-np", "1"]
-    return _run(command + [sys.executable, __file__, "--worker", "tfring",
-                           *_worker_args(args, kill_step)])
+    return _run(command + list(options) + [
+        sys.executable, __file__, "--worker", "tfring",
+        *_worker_args(args, kill_step)], **extra_env)
 
 
 _FIELDS = {"KILL": 2, "RESET": 2, "COMMIT": 4, "STEP": 3, "DISCOVERED": 2,
@@ -450,6 +451,7 @@ def main(argv=None):
         _namespace_hosts_table(args)
         return
     tfring_times, torchrun_times, plain_steps, elastic_steps = [], [], [], []
+    mpi_only_steps, in_memory_steps = [], []
     growth_times = []
     for _ in range(args.repeats):
         growth_times.append(_growth_tfring(args))
@@ -459,6 +461,12 @@ def main(argv=None):
                 _recovery_torchrun(args, os.path.join(folder, "checkpoint.pt")))
         plain_steps.append(_mean_step(_tfringrun(args, False, -1)))
         elastic_steps.append(_mean_step(_tfringrun(args, True, -1)))
+        # What elastic mode changes, one at a time: MPI only (no
+        # shared-memory path), and commits kept on disk.
+        mpi_only_steps.append(_mean_step(_tfringrun(args, False, -1,
+                                                    TFRING_SHM="0")))
+        in_memory_steps.append(_mean_step(_tfringrun(
+            args, True, -1, ["--elastic-commit-dir", "none"])))
     commits = _lines(_run([sys.executable, __file__, "--worker", "commit"]), "COMMIT")
     recovery, restart = statistics.median(tfring_times), statistics.median(torchrun_times)
     plain, elastic = statistics.median(plain_steps), statistics.median(elastic_steps)
@@ -473,6 +481,13 @@ def main(argv=None):
     print(f"| step time, tfringrun | {plain * 1e3:.1f} ms |")
     print(f"| step time, tfringrun elastic (no failure) | {elastic * 1e3:.1f} ms "
           f"({elastic / plain:.2f}x) |")
+    mpi_only = statistics.median(mpi_only_steps)
+    in_memory = statistics.median(in_memory_steps)
+    print(f"| step time, tfringrun without shared memory (TFRING_SHM=0, as "
+          f"elastic jobs run) | {mpi_only * 1e3:.1f} ms ({mpi_only / plain:.2f}x) |")
+    print(f"| step time, tfringrun elastic, commits in memory only "
+          f"(--elastic-commit-dir none) | {in_memory * 1e3:.1f} ms "
+          f"({in_memory / plain:.2f}x) |")
     for millions, in_memory, kept_call, kept_written in commits:
         print(f"| commit() of a {millions}M-parameter model and its SGD momentum | "
               f"{float(in_memory) * 1e3:.1f} ms; kept on disk too: "
