@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -51,6 +52,21 @@ def test_the_newest_commit_is_the_one_kept(tmp_path):
     assert number == 40 and snapshot["attributes"]["step"] == 40
     assert snapshot["variables"][0][0] == 40.0
     assert os.listdir(tmp_path) == ["h.commit"]
+
+
+def test_commits_taken_while_the_writer_rests_wait_and_the_newest_goes(
+        tmp_path):
+    kept = kept_commit.KeptCommits(str(tmp_path), host="h")
+    kept.keep(1, _snapshot())
+    assert kept.wait(timeout=60)
+    # As if the last write had taken 3 s / 19: the writer rests 3 s.
+    kept._not_before = time.monotonic() + 3.0
+    kept.keep(2, {"attributes": {"step": 2}})
+    kept.keep(3, {"attributes": {"step": 3}})
+    assert kept.read()[0] == 1
+    assert not kept.wait(timeout=0.1)
+    assert kept.wait(timeout=60)
+    assert kept.read() == (3, {"attributes": {"step": 3}})
 
 
 def test_a_write_cut_short_leaves_the_last_commit_whole(tmp_path):

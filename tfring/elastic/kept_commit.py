@@ -6,7 +6,11 @@
 # rank of each host writes the state it saved at each commit to
 # <directory>/<host>.commit from a thread of its own: commit() does not wait
 # for the disk, and a commit taken while the previous one is still being
-# written replaces the one waiting, so the newest goes next. It writes a
+# written replaces the one waiting, so the newest goes next. After each
+# write it rests 19 times as long as the write took, so that keeping costs
+# the host at most a twentieth of a core (a commit every few steps of a
+# small model would otherwise keep the thread writing); the commit a
+# restart finds is then at most that rest older than the last. It writes a
 # temporary file and renames it over the last one, so a rank killed
 # mid-write leaves the previous commit whole. Arrays go out as they are
 # (pickle protocol 5, out of band): no copy of the model is made for the
@@ -20,10 +24,13 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 from tfring.elastic import settings as _settings
 
 _MAGIC = b"TFRINGC1"
+# The writer rests this many times as long as its last write took.
+_REST_PER_WRITE = 19
 _WORD = struct.Struct("<Q")
 
 
@@ -84,10 +91,12 @@ class KeptCommits:
         self._writing = False
         self._writer = None
         self._warned = False
+        self._not_before = 0.0  # time.monotonic() of the next write
 
     def keep(self, number, snapshot):
         """Writes commit `number` (its `snapshot`, which nobody changes
-        afterwards) soon, replacing one still waiting to be written."""
+        afterwards) once the writer has rested from its last write,
+        replacing one still waiting to be written."""
         with self._changed:
             self._waiting = (number, snapshot)
             if self._writer is None:
@@ -101,8 +110,14 @@ class KeptCommits:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._waiting is not None)
+            # Commits taken during the rest replace the one waiting.
+            time.sleep(max(0.0, self._not_before - time.monotonic()))
+            with self._changed:
+                if self._waiting is None:
+                    continue  # remove() dropped it
                 (number, snapshot), self._waiting = self._waiting, None
                 self._writing = True
+            started = time.monotonic()
             try:
                 os.makedirs(self.directory, exist_ok=True)
                 _write_file(self.path, number, snapshot)
@@ -110,6 +125,8 @@ class KeptCommits:
                 self._warn(f"could not write commit {number} to {self.path} "
                            f"({e})")
             finally:
+                ended = time.monotonic()
+                self._not_before = ended + _REST_PER_WRITE * (ended - started)
                 with self._changed:
                     self._writing = False
                     self._changed.notify_all()
