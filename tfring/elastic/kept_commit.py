@@ -157,11 +157,14 @@ class KeptCommits:
         with self._changed:
             self._waiting = None
         self.wait()
-        for path in (self.path, self.directory):
-            try:
-                (os.rmdir if path == self.directory else os.remove)(path)
-            except OSError:
-                pass  # gone already, or another host's file is still there
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass  # never written, or gone already
+        try:
+            os.rmdir(self.directory)
+        except OSError:
+            pass  # gone already, or another host's file is still there
 
     def _warn(self, what):
         if self._warned:

@@ -154,14 +154,15 @@ def _resume_from_kept_commit(state, members, settings):
     found = kept.read()
     comm = members.comm
     kept_by_rank = comm.allgather((found[0] if found else 0, kept.host))
-    newest = max(number for number, _ in kept_by_rank)
+    numbers = [number for number, _ in kept_by_rank]
+    newest = max(numbers)
     if newest == 0:
         if comm.Get_rank() == 0:
             print(f"tfring elastic: no host left kept a commit; the program "
                   f"starts afresh (restart {settings.restarts}).",
                   file=sys.stderr, flush=True)
         return
-    holder = [number for number, _ in kept_by_rank].index(newest)
+    holder = numbers.index(newest)
     snapshot = comm.bcast(found[1] if comm.Get_rank() == holder else None,
                           root=holder)
     state._load_snapshot(snapshot)

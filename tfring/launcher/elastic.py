@@ -106,7 +106,7 @@ def remove_commit_directory(args):
     """Removes the directory of kept commits that tfringrun named, on this
     host: the job ended and will not start again (the ranks of a job that
     finished removed their hosts' files already)."""
-    if enabled(args) and getattr(args, "own_commit_dir", False):
+    if getattr(args, "own_commit_dir", False):  # set for elastic jobs only
         shutil.rmtree(args.commit_dir, ignore_errors=True)
 
 
